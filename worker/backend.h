@@ -1,0 +1,91 @@
+// backend.h: the compute backend table the engine calls (ggml-backend style).
+//
+// The one idea: the engine decides WHAT runs (which rows, which weights,
+// which view of the cache, which blocks); a backend only computes. A forward
+// pass takes a batch of sequences, each with some new rows at consecutive
+// positions whose KV slots the block manager has already allocated; it
+// writes those rows' K/V into their FP slots, attends over the paged cache
+// and returns logits for the rows asked for. The cpu backend (backend_cpu.c)
+// is the scalar reference of every kernel; a cuda backend implements the
+// same table.
+#ifndef NB_BACKEND_H
+#define NB_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block_manager.h"
+#include "kv_layout.h"
+#include "model_loader.h"
+#include "nb_status.h"
+
+typedef enum nb_fwd_mode {
+    NB_FWD_TARGET = 0, // target weights, both nibbles of quantized KV
+    NB_FWD_DRAFT = 1,  // draft weights (4-bit by default), upper nibbles by default
+} nb_fwd_mode;
+
+// Precision of the target's linear layers.
+typedef enum nb_target_weights {
+    NB_TARGET_WEIGHTS_MODEL = 0, // the checkpoint's own dtype (exact)
+    NB_TARGET_WEIGHTS_INT8 = 1,  // hierarchical 8-bit: 16*U + L, the draft reading U
+} nb_target_weights;
+
+typedef struct nb_fwd_seq {
+    nb_bm_seq_view view;   // the sequence's blocks, including the new rows' slots
+    int32_t pos0;          // absolute position of the first new row
+    int32_t n_rows;        // new rows; their KV is written by this pass
+    const int32_t *tokens; // [n_rows] input token ids
+    int32_t n_logits;      // logits wanted for the last n_logits rows (0..n_rows)
+} nb_fwd_seq;
+
+typedef struct nb_fwd_batch {
+    nb_fwd_mode mode;
+    int32_t n_seqs;
+    const nb_fwd_seq *seqs; // [n_seqs]
+    float *logits;          // [sum of n_logits][vocab] f32, in sequence order (out)
+} nb_fwd_batch;
+
+typedef struct nb_backend_config {
+    const nb_model *model;       // borrowed; outlives the backend
+    nb_kv_layout layout;         // the cache the backend allocates (pool sizes included)
+    const nb_bm_params *bm;      // the block manager's parameters (G, quantize)
+    int32_t max_rows;            // most rows in one forward pass (over all sequences)
+    int32_t max_seq_len;         // tokens, for attention scratch
+    nb_target_weights target_weights;
+    bool draft_w4;               // the draft uses 4-bit weights (false: the target's)
+    nb_kv_view draft_view;       // how the draft reads quantized KV (ablation: TARGET)
+} nb_backend_config;
+
+typedef struct nb_backend nb_backend;
+
+typedef struct nb_backend_ops {
+    const char *name;
+    // One forward pass. Returns NB_OK; NB_ERR_INVALID_ARG (too many rows, a
+    // token id outside the vocabulary); NB_ERR_BACKEND. err gets a message.
+    nb_status (*forward)(nb_backend *be, const nb_fwd_batch *b, char *err, size_t err_len);
+    // Executes block-manager work items in order. Returns NB_OK,
+    // NB_ERR_NON_FINITE (KV to quantize held NaN/Inf), NB_ERR_BACKEND.
+    nb_status (*exec_work)(nb_backend *be, const nb_bm_work *items, int32_t n);
+    // Bytes of weights the backend holds beyond the checkpoint's own mapping
+    // (quantized copies), and bytes of KV pools.
+    size_t (*weight_bytes)(const nb_backend *be);
+    size_t (*kv_bytes)(const nb_backend *be);
+    void (*destroy)(nb_backend *be);
+} nb_backend_ops;
+
+struct nb_backend {
+    const nb_backend_ops *ops;
+};
+
+// Creates the cpu backend: quantizes the draft (and INT8 target) weights,
+// allocates the KV pools and the workspace. Caller owns the result; destroy
+// with be->ops->destroy(be). Returns NB_OK; NB_ERR_OUT_OF_MEMORY;
+// NB_ERR_NON_FINITE (a weight is NaN/Inf); NB_ERR_INVALID_ARG.
+nb_status nb_backend_cpu_new(const nb_backend_config *cfg, nb_backend **out, char *err,
+                             size_t err_len);
+
+// The cpu backend's KV pools (host memory), for tests that inspect the cache.
+const nb_kv_pools *nb_backend_cpu_pools(const nb_backend *be);
+
+#endif // NB_BACKEND_H
