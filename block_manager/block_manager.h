@@ -166,7 +166,9 @@ nb_status nb_bm_seq_free(nb_bm_t *bm, int32_t seq);
 
 // Adds a sequence *child sharing parent's committed tokens: quantized blocks
 // and FP blocks are shared by reference (FP blocks copy-on-write at the next
-// write). Pending drafts are not inherited. Returns NB_OK, NB_ERR_NOT_FOUND,
+// write). Pending drafts are not inherited. If the parent has drafts, its pending
+// slots may lie in a block it now shares with the child; the parent's verify
+// rewrites them there, beyond the child's tokens, which the child never reads. Returns NB_OK, NB_ERR_NOT_FOUND,
 // NB_ERR_TOO_MANY_SEQS, NB_ERR_NO_FREE_BLOCKS (flush reservation).
 nb_status nb_bm_seq_fork(nb_bm_t *bm, int32_t parent, int32_t *child);
 
@@ -215,8 +217,9 @@ typedef struct nb_bm_stats {
 void nb_bm_stats_get(const nb_bm_t *bm, nb_bm_stats *s);
 
 // Whether a new sequence of n_tokens could be prefilled (in chunks of at
-// most max_append) and then run one round of gamma drafts + verify, with the
-// blocks free now and no prefix reuse assumed. Conservative.
+// most max_append) and then run one round of gamma drafts + verify (gamma + 1
+// pending tokens, so gamma + 1 <= max_append is required; the bonus token is
+// counted), with the blocks free now and no prefix reuse assumed. Conservative.
 bool nb_bm_can_admit(const nb_bm_t *bm, int32_t n_tokens, int32_t gamma);
 
 // Quantized blocks a sequence of n committed (flushed) tokens holds:
