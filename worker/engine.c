@@ -394,6 +394,14 @@ static int32_t sample_target(nb_engine *e, const eseq *es, const float *logits, 
     return nb_ref_sample(e->probs, e->V, nb_rng_uniform(es->sp.seed, (uint64_t)pos_new, 2));
 }
 
+// log softmax of raw logits at token t (double accumulation).
+static float token_logprob(const float *logits, int32_t V, int32_t t) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t j = 0; j < V; j++) mx = logits[j] > mx ? logits[j] : mx;
+    for (int32_t j = 0; j < V; j++) sum += exp((double)logits[j] - mx);
+    return (float)((double)logits[t] - mx - log(sum));
+}
+
 // ---------------------------------------------------------------------------
 // PREFILL
 // ---------------------------------------------------------------------------
@@ -403,6 +411,7 @@ typedef struct prefill_ctx {
     const int32_t *lens;
     int32_t *done;  // [n] prompt tokens appended so far
     int32_t *next;
+    float *next_logprob;
     nb_status *st;
 } prefill_ctx;
 
@@ -416,11 +425,13 @@ static void prefill_consume(nb_engine *e, void *vctx, int32_t k, const float *lo
     es->next_token = sample_target(e, es, logits, pos_new);
     if (es->next_token < 0) c->st[i] = NB_ERR_NON_FINITE;
     c->next[i] = es->next_token;
+    if (c->next_logprob && es->next_token >= 0)
+        c->next_logprob[i] = token_logprob(logits, e->V, es->next_token);
 }
 
 nb_status nb_engine_prefill(nb_engine *e, int32_t n, const int32_t *seqs,
                             const int32_t *const *prompts, const int32_t *lens, int32_t *next,
-                            int32_t *n_cached, nb_status *st) {
+                            float *next_logprob, int32_t *n_cached, nb_status *st) {
     if (n < 0 || n > e->p.max_seqs || (n > 0 && (!seqs || !prompts || !lens || !next || !st)))
         return NB_ERR_INVALID_ARG;
     int32_t done[n > 0 ? n : 1];
@@ -443,7 +454,8 @@ nb_status nb_engine_prefill(nb_engine *e, int32_t n, const int32_t *seqs,
         nb_bm_seq_view_get(e->bm, seqs[i], &v);
         if ((int64_t)v.n_committed + lens[i] + 1 > e->p.max_seq_len) st[i] = NB_ERR_CONTEXT_TOO_LONG;
     }
-    prefill_ctx ctx = {.seqs = seqs, .lens = lens, .done = done, .next = next, .st = st};
+    prefill_ctx ctx = {.seqs = seqs, .lens = lens, .done = done, .next = next,
+                       .next_logprob = next_logprob, .st = st};
     for (;;) {
         int32_t nf = 0, budget = e->p.max_batch_rows;
         for (int32_t i = 0; i < n && budget > 0; i++) {
@@ -596,6 +608,7 @@ nb_status nb_engine_draft(nb_engine *e, int32_t n, const int32_t *seqs, int32_t 
 typedef struct verify_ctx {
     const int32_t *seqs;
     int32_t *out;
+    float *out_logprobs;
     int32_t *n_out;
     int32_t *n_accepted;
     nb_status *st;
@@ -636,6 +649,9 @@ static void verify_consume(nb_engine *e, void *vctx, int32_t k, const float *log
     NB_ASSERT(s == NB_OK);
     s = exec_work(e);
     if (s != NB_OK) c->fail = s;
+    if (c->out_logprobs)
+        for (int r = 0; r <= acc; r++)
+            c->out_logprobs[(size_t)i * stride + r] = token_logprob(logits + (size_t)r * V, V, out[r]);
     es->next_token = out[acc];
     es->n_drafts = 0;
     es->n_accepted_tokens += acc;
@@ -644,7 +660,8 @@ static void verify_consume(nb_engine *e, void *vctx, int32_t k, const float *log
 }
 
 nb_status nb_engine_verify(nb_engine *e, int32_t n, const int32_t *seqs, int32_t *out,
-                           int32_t *n_out, int32_t *n_accepted, nb_status *st) {
+                           float *out_logprobs, int32_t *n_out, int32_t *n_accepted,
+                           nb_status *st) {
     if (n < 0 || n > e->p.max_seqs || (n > 0 && (!seqs || !out || !n_out || !n_accepted || !st)))
         return NB_ERR_INVALID_ARG;
     int32_t nf = 0;
@@ -670,8 +687,8 @@ nb_status nb_engine_verify(nb_engine *e, int32_t n, const int32_t *seqs, int32_t
     nb_status s = exec_work(e);
     if (s != NB_OK) return s;
     if (nf == 0) return NB_OK;
-    verify_ctx ctx = {.seqs = seqs, .out = out, .n_out = n_out, .n_accepted = n_accepted, .st = st,
-                      .fail = NB_OK};
+    verify_ctx ctx = {.seqs = seqs, .out = out, .out_logprobs = out_logprobs, .n_out = n_out,
+                      .n_accepted = n_accepted, .st = st, .fail = NB_OK};
     s = run_forward(e, NB_FWD_TARGET, nf, verify_consume, &ctx);
     if (s != NB_OK) return s;
     // A sequence whose acceptance failed drops the verify position again.
@@ -695,6 +712,7 @@ typedef struct decode_ctx {
     const int32_t *seqs;
     int32_t n_steps;
     int32_t *out;
+    float *out_logprobs;
     int32_t *n_out;
     nb_status *st;
 } decode_ctx;
@@ -710,11 +728,13 @@ static void decode_consume(nb_engine *e, void *vctx, int32_t k, const float *log
         return;
     }
     es->next_token = t;
-    c->out[(size_t)i * c->n_steps + c->n_out[i]++] = t;
+    size_t at = (size_t)i * c->n_steps + c->n_out[i]++;
+    c->out[at] = t;
+    if (c->out_logprobs) c->out_logprobs[at] = token_logprob(logits, e->V, t);
 }
 
 nb_status nb_engine_decode(nb_engine *e, int32_t n, const int32_t *seqs, int32_t n_steps,
-                           int32_t *out, int32_t *n_out, nb_status *st) {
+                           int32_t *out, float *out_logprobs, int32_t *n_out, nb_status *st) {
     if (n < 0 || n > e->p.max_seqs || n_steps < 1 || (n > 0 && (!seqs || !out || !n_out || !st)))
         return NB_ERR_INVALID_ARG;
     for (int32_t i = 0; i < n; i++) {
@@ -727,7 +747,8 @@ nb_status nb_engine_decode(nb_engine *e, int32_t n, const int32_t *seqs, int32_t
         if (st[i] != NB_OK) continue;
         if (es->next_token < 0 || es->n_drafts > 0) st[i] = NB_ERR_STATE;
     }
-    decode_ctx ctx = {.seqs = seqs, .n_steps = n_steps, .out = out, .n_out = n_out, .st = st};
+    decode_ctx ctx = {.seqs = seqs, .n_steps = n_steps, .out = out, .out_logprobs = out_logprobs,
+                      .n_out = n_out, .st = st};
     for (int32_t step = 0; step < n_steps; step++) {
         int32_t nf = 0;
         for (int32_t i = 0; i < n; i++) {
@@ -779,26 +800,25 @@ typedef struct score_ctx {
     int32_t n;
     double nll;
     nb_status st;
+    float *logits; // [n][V] or NULL
 } score_ctx;
 
 static void score_consume(nb_engine *e, void *vctx, int32_t k, const float *logits) {
     score_ctx *c = vctx;
     const nb_fwd_seq *f = &e->fwd[k];
+    if (c->logits)
+        memcpy(c->logits + (size_t)f->pos0 * e->V, logits, (size_t)f->n_rows * e->V * sizeof(float));
     for (int32_t r = 0; r < f->n_rows; r++) {
         int32_t p = f->pos0 + r;
         if (p + 1 >= c->n) break;
-        const float *l = logits + (size_t)r * e->V;
-        double mx = -INFINITY, sum = 0.0;
-        for (int32_t j = 0; j < e->V; j++) mx = l[j] > mx ? l[j] : mx;
-        for (int32_t j = 0; j < e->V; j++) sum += exp((double)l[j] - mx);
-        double lp = (double)l[c->tokens[p + 1]] - mx - log(sum);
+        double lp = token_logprob(logits + (size_t)r * e->V, e->V, c->tokens[p + 1]);
         if (!isfinite(lp)) c->st = NB_ERR_NON_FINITE;
         c->nll -= lp;
     }
 }
 
 nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int32_t n,
-                          int32_t chunk, double *nll) {
+                          int32_t chunk, double *nll, float *logits) {
     eseq *es = eseq_get(e, seq);
     if (!es) return NB_ERR_NOT_FOUND;
     if (!tokens || !nll || n < 2 || chunk < 1 || chunk > e->max_logit_rows ||
@@ -810,7 +830,7 @@ nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int3
     if (n > e->p.max_seq_len) return NB_ERR_CONTEXT_TOO_LONG;
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= e->V) return NB_ERR_INVALID_ARG;
-    score_ctx ctx = {.tokens = tokens, .n = n, .nll = 0.0, .st = NB_OK};
+    score_ctx ctx = {.tokens = tokens, .n = n, .nll = 0.0, .st = NB_OK, .logits = logits};
     for (int32_t done = 0; done < n;) {
         int32_t take = n - done < chunk ? n - done : chunk;
         // NOTE: no prefix adoption here: every row's logits are needed.

@@ -94,9 +94,12 @@ nb_status nb_engine_seq_fork(nb_engine *e, int32_t parent, const nb_sampling_par
 // return value is NB_OK unless the command itself is malformed or the
 // backend failed. n_cached (may be NULL) receives prompt tokens reused from
 // the prefix cache.
+// Log-probability outputs (next_logprob here, out_logprobs below; each may
+// be NULL) hold log softmax of the target's raw logits (temperature 1, no
+// truncation) at each emitted token, laid out like the token outputs.
 nb_status nb_engine_prefill(nb_engine *e, int32_t n, const int32_t *seqs,
                             const int32_t *const *prompts, const int32_t *lens, int32_t *next,
-                            int32_t *n_cached, nb_status *st);
+                            float *next_logprob, int32_t *n_cached, nb_status *st);
 
 // DRAFT: gamma draft tokens per sequence into drafts[i*gamma + j]. st[i]:
 // NB_OK, NB_ERR_NOT_FOUND, NB_ERR_STATE (no next token yet, or unverified
@@ -110,13 +113,14 @@ nb_status nb_engine_draft(nb_engine *e, int32_t n, const int32_t *seqs, int32_t 
 // n_accepted[i] counts accepted drafts. st[i]: NB_OK, NB_ERR_NOT_FOUND,
 // NB_ERR_STATE (no drafts to verify), NB_ERR_NO_FREE_BLOCKS (drafts kept).
 nb_status nb_engine_verify(nb_engine *e, int32_t n, const int32_t *seqs, int32_t *out,
-                           int32_t *n_out, int32_t *n_accepted, nb_status *st);
+                           float *out_logprobs, int32_t *n_out, int32_t *n_accepted,
+                           nb_status *st);
 
 // DECODE: n_steps target-only tokens per sequence into out[i*n_steps + j].
 // st[i]: as DRAFT. A sequence that runs out of blocks stops; n_out[i] says
 // how many tokens it produced.
 nb_status nb_engine_decode(nb_engine *e, int32_t n, const int32_t *seqs, int32_t n_steps,
-                           int32_t *out, int32_t *n_out, nb_status *st);
+                           int32_t *out, float *out_logprobs, int32_t *n_out, nb_status *st);
 
 // ROLLBACK to n committed tokens. Returns NB_OK, NB_ERR_NOT_FOUND,
 // NB_ERR_INVALID_ARG (n < 0 or > committed), NB_ERR_NO_FREE_BLOCKS.
@@ -143,8 +147,9 @@ const int32_t *nb_engine_seq_tokens(const nb_engine *e, int32_t seq);
 // negative log-likelihood (nats) of tokens[1..n) to *nll. The cache precision
 // a row sees follows the same rules as decoding, so chunk == 1 measures
 // exactly what target-only decoding would read. Returns NB_OK or a status.
+// logits (may be NULL) receives every row's logits, [n][vocab] f32.
 nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int32_t n,
-                          int32_t chunk, double *nll);
+                          int32_t chunk, double *nll, float *logits);
 
 const nb_model_config *nb_engine_model_config(const nb_engine *e);
 const nb_engine_params *nb_engine_params_get(const nb_engine *e);

@@ -89,7 +89,7 @@ static inline nb_status etu_generate(nb_engine *e, const nb_sampling_params *sp,
     nb_status st = nb_engine_seq_add(e, sp, &seq), sst;
     if (st != NB_OK) return st;
     const int32_t *pp[1] = {prompt};
-    st = nb_engine_prefill(e, 1, &seq, pp, &n_prompt, &next, NULL, &sst);
+    st = nb_engine_prefill(e, 1, &seq, pp, &n_prompt, &next, NULL, NULL, &sst);
     if (st == NB_OK) st = sst;
     int32_t n = 0;
     if (st == NB_OK) out[n++] = next;
@@ -97,14 +97,14 @@ static inline nb_status etu_generate(nb_engine *e, const nb_sampling_params *sp,
     while (st == NB_OK && n < n_new) {
         if (gamma == 0) {
             int32_t t, cnt;
-            st = nb_engine_decode(e, 1, &seq, 1, &t, &cnt, &sst);
+            st = nb_engine_decode(e, 1, &seq, 1, &t, NULL, &cnt, &sst);
             if (st == NB_OK) st = sst;
             if (st == NB_OK) out[n++] = t;
         } else {
             int32_t drafts[NB_ENGINE_MAX_GAMMA], n_out, n_acc;
             st = nb_engine_draft(e, 1, &seq, gamma, drafts, &sst);
             if (st == NB_OK) st = sst;
-            if (st == NB_OK) st = nb_engine_verify(e, 1, &seq, buf, &n_out, &n_acc, &sst);
+            if (st == NB_OK) st = nb_engine_verify(e, 1, &seq, buf, NULL, &n_out, &n_acc, &sst);
             if (st == NB_OK) st = sst;
             if (st != NB_OK) break;
             if (gs) {
