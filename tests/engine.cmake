@@ -3,3 +3,5 @@ nb_add_test(test_engine_stories SOURCES unit/test_engine_stories.c
             LIBS nb_worker_core PkgConfig::CJSON TIMEOUT 900 LABELS engine)
 nb_add_test(test_engine_proxy SOURCES unit/test_engine_proxy.c
             LIBS nb_worker_core PkgConfig::CJSON TIMEOUT 1200 LABELS engine)
+nb_add_test(test_engine_semantics SOURCES unit/test_engine_semantics.c
+            LIBS nb_worker_core PkgConfig::CJSON TIMEOUT 1200 LABELS engine)
