@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "driver.h"
 #include "engine.h"
 #include "nb_test.h"
 
@@ -79,43 +80,19 @@ typedef struct etu_gen_stats {
     int64_t drafted, accepted, rounds;
 } etu_gen_stats;
 
-// Prefill prompt into a fresh sequence, then produce n_new tokens either
-// target-only (gamma == 0) or with draft/verify rounds of gamma. Tokens
-// emitted after the prompt go to out[0..n_new). Returns NB_OK or a status.
+// Generation through the library driver: target-only when gamma == 0.
 static inline nb_status etu_generate(nb_engine *e, const nb_sampling_params *sp,
                                      const int32_t *prompt, int32_t n_prompt, int32_t n_new,
                                      int32_t gamma, int32_t *out, etu_gen_stats *gs) {
-    int32_t seq, next;
-    nb_status st = nb_engine_seq_add(e, sp, &seq), sst;
-    if (st != NB_OK) return st;
-    const int32_t *pp[1] = {prompt};
-    st = nb_engine_prefill(e, 1, &seq, pp, &n_prompt, &next, NULL, NULL, &sst);
-    if (st == NB_OK) st = sst;
-    int32_t n = 0;
-    if (st == NB_OK) out[n++] = next;
-    int32_t buf[NB_ENGINE_MAX_GAMMA + 1];
-    while (st == NB_OK && n < n_new) {
-        if (gamma == 0) {
-            int32_t t, cnt;
-            st = nb_engine_decode(e, 1, &seq, 1, &t, NULL, &cnt, &sst);
-            if (st == NB_OK) st = sst;
-            if (st == NB_OK) out[n++] = t;
-        } else {
-            int32_t drafts[NB_ENGINE_MAX_GAMMA], n_out, n_acc;
-            st = nb_engine_draft(e, 1, &seq, gamma, drafts, &sst);
-            if (st == NB_OK) st = sst;
-            if (st == NB_OK) st = nb_engine_verify(e, 1, &seq, buf, NULL, &n_out, &n_acc, &sst);
-            if (st == NB_OK) st = sst;
-            if (st != NB_OK) break;
-            if (gs) {
-                gs->drafted += gamma;
-                gs->accepted += n_acc;
-                gs->rounds++;
-            }
-            for (int32_t j = 0; j < n_out && n < n_new; j++) out[n++] = buf[j];
-        }
+    nb_driver_opts o = {.max_tokens = n_new, .gamma = gamma, .sampling = *sp};
+    nb_driver_stats ds;
+    nb_status st = nb_driver_generate(e, prompt, n_prompt, &o, out, &ds);
+    if (st == NB_OK && ds.n_tokens != n_new) st = NB_ERR_INTERNAL;
+    if (gs) {
+        gs->drafted += ds.n_drafted;
+        gs->accepted += ds.n_accepted;
+        gs->rounds += ds.n_rounds;
     }
-    nb_engine_seq_free(e, seq);
     return st;
 }
 
