@@ -1,0 +1,100 @@
+// linear_cuda.h: the CUDA linear layers. out = x . W^T + bias, with W either
+// hierarchically quantized (wquant.h: the draft's 4-bit view or the target's
+// 8-bit view of the same bytes) or dense fp16/bf16 through cuBLAS.
+//
+// The one idea: a quantized matmul is memory bound at decode batch sizes, so
+// the weights are streamed once with 16-byte loads and dequantized in
+// registers straight into tensor-core (mma.sync m16n8k16) operands; the
+// integer codes (0..15, or -8..247 in two parts) are exact in f16/bf16, the
+// products with f16/bf16 activations are exact, and the scale and zero are
+// applied once per group of 128 in f32:
+//   sum_G x . (C*sc + z) = sc * dot(x_G, C_G) + z * sum(x_G).
+//
+// Activations x are f16 or bf16 (the model's activation dtype); the output
+// is f32, f16 or bf16. All pointers are device pointers; nothing here
+// allocates or synchronizes. Kernels are enqueued on the given stream.
+#ifndef NB_LINEAR_CUDA_H
+#define NB_LINEAR_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+// NOTE: the C headers below declare C functions; the system headers they
+// include are included above, outside the extern "C" block.
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "nb_dtype.h"
+#include "nb_status.h"
+#include "wquant.h"
+
+// Workspace bytes nb_cuda_matmul_wq needs for these sizes (currently 0 for
+// every shape; callers pass what this returns so a later split-k version
+// can use it without an API change).
+size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
+
+// out[i][j] = sum over groups G of sc*dot(x[i]_G, C[j]_G) + z*sum(x[i]_G),
+// + bias[j] (f32 add), in the 4-bit view (use_lower == 0: C = U, sc = s;
+// reads only the upper plane, scales and zeros) or the 8-bit view
+// (use_lower == 1: C = 16U + L, sc = s/16; reads both planes). The same
+// function as nb_ref_matmul_wq with x rounded to x_dt; the f32 summation
+// order differs (tensor-core accumulation), see tests/gpu/test_linear_cuda.cu
+// for the tolerance.
+//
+// Any n >= 0 works: rows of x are processed in chunks of 16 (one weight pass
+// per chunk), which is the fast path for decode and speculative verification
+// (n <= 16). For long prefills (n in the hundreds) dequantize once with
+// nb_cuda_wq_dequantize and call nb_cuda_matmul_dense instead.
+//
+// k % 128 == 0 with 16-byte aligned x, planes and a k that keeps rows 16-byte
+// aligned takes the tensor-core path; other supported k (32, 64, 96) take a
+// simple scalar kernel. The w struct itself is a host struct holding device
+// pointers (read on the host at launch). workspace may be NULL when
+// workspace_bytes (see above) is 0.
+// Returns NB_OK; NB_ERR_INVALID_ARG (n, m < 0, unsupported k, dtypes outside
+// the above, use_lower without w->lower, NULL pointers); NB_ERR_BACKEND (the
+// launch failed: cudaGetLastError is left set for the caller to report).
+nb_status nb_cuda_matmul_wq(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
+                            const void *x /*[n][k] x_dt (f16/bf16)*/, nb_dtype x_dt,
+                            const nb_wq_tensor *w /*[m][k] device planes, scales, zeros*/,
+                            int use_lower, const void *bias /*[m] bias_dt, or NULL*/,
+                            nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
+
+// Tuning hook for benchmarks: force the weight rows per thread block of the
+// tensor-core path (16 or 32); any other value restores the built-in
+// choice. Not thread safe; affects later launches of this process.
+void nb_cuda_matmul_wq_set_tile_rows(int rows);
+
+// out[j][t] = the chosen view of W (as nb_wq_dequantize: U*s + z, or
+// C8*(s/16) + z, in f32) rounded to dt (f16 or bf16), for the prefill path.
+// Returns NB_OK, NB_ERR_INVALID_ARG, NB_ERR_BACKEND.
+nb_status nb_cuda_wq_dequantize(void *out /*[m][k] dt*/, nb_dtype dt,
+                                const nb_wq_tensor *w /*[m][k] device*/, int use_lower, int m,
+                                int k, cudaStream_t stream);
+
+// out[i][j] = dot(x[i], w[j]) + bias[j] through cublasGemmEx with f32
+// compute (tensor cores), x and w both of dtype dt (f16 or bf16), out f32
+// or dt (the bias, when given, is added in f32 by a second kernel
+// after the product has been rounded to out_dt). The caller owns handle;
+// this sets its stream to `stream` (and leaves it so).
+// Returns NB_OK; NB_ERR_INVALID_ARG; NB_ERR_BACKEND (a cuBLAS or launch
+// error).
+nb_status nb_cuda_matmul_dense(cublasHandle_t handle, void *out /*[n][m] out_dt*/,
+                               nb_dtype out_dt, const void *x /*[n][k] dt*/,
+                               const void *w /*[m][k] dt*/, nb_dtype dt,
+                               const void *bias /*[m] bias_dt, or NULL*/, nb_dtype bias_dt,
+                               int n, int m, int k, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // NB_LINEAR_CUDA_H

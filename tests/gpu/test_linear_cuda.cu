@@ -1,0 +1,333 @@
+// test_linear_cuda.cu: the CUDA linear layers (kernels/linear_cuda.h)
+// against their C twins: nb_cuda_matmul_wq (4-bit and 8-bit views, both
+// tile sizes, aligned tensor-core path and the scalar fallback) against
+// nb_ref_matmul_wq, nb_cuda_matmul_dense against nb_ref_matmul, and
+// nb_cuda_wq_dequantize bit for bit against nb_wq_dequantize.
+//
+// Tolerance. x and the weights are exactly representable in f16/bf16 and
+// every product the kernels form (x * code, x * 1, x * w) is exact in f32;
+// the GPU and the reference differ only in the order of f32 additions (mma
+// accumulation vs 8-lane order) and, for f16/bf16 outputs, one final
+// rounding. So per output, with S = the sum of the absolute values of every
+// term added on the way (sum over groups of |sc|*dot(|x|, C) + |z|*sum|x|,
+// or sum |x||w| for dense, + |bias|):
+//     |gpu - ref| <= 2^-14 * S + 2 * u_out * |ref|
+// (2^-14 = 256 f32 ulps of S: far more than any summation order of <= 2^17
+// terms loses in practice, yet a single wrong or dropped element of a k=4096
+// row moves the result by ~S/k = 2^-12 S and fails; u_out = 0 for f32,
+// 2^-11 for f16, 2^-8 for bf16 (dense with a bias rounds twice)). NaN never
+// passes: outputs are poisoned with NaN before each launch.
+//
+// Exits 77 (skipped) when no CUDA device is present.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "linear_cuda.h"
+extern "C" {
+#include "ops_ref.h"
+}
+#include "nb_test.h"
+
+#define CUDA_OK(call)                                                                   \
+    do {                                                                                \
+        cudaError_t e_ = (call);                                                        \
+        if (e_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
+                    cudaGetErrorString(e_));                                            \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) { // [0, 1)
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float out_u(nb_dtype t) {
+    return t == NB_DTYPE_F32 ? 0.0f : t == NB_DTYPE_F16 ? 1.0f / 2048 : 1.0f / 256;
+}
+
+typedef struct case_stats {
+    double worst;   // largest |err| / tol seen
+    long outputs;   // outputs compared
+} case_stats;
+
+// Compares rows [0, n) of a device result of dtype odt with ref and bound S.
+static void compare(const char *what, const void *d_out, nb_dtype odt, const float *ref,
+                    const float *S, int n, int m, float u_mul, case_stats *st) {
+    const size_t cnt = (size_t)n * m;
+    void *h = malloc(cnt * nb_dtype_size(odt));
+    CUDA_OK(cudaMemcpy(h, d_out, cnt * nb_dtype_size(odt), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (size_t e = 0; e < cnt; e++) {
+        const float got = nb_load_f32(h, odt, e);
+        const double tol = ldexp((double)S[e], -14) + u_mul * out_u(odt) * fabs((double)ref[e]);
+        const double err = fabs((double)got - (double)ref[e]);
+        if (!(err <= tol)) {
+            if (bad < 3)
+                fprintf(stderr, "  %s: [%zu][%zu] got %.9g ref %.9g err %.3g tol %.3g\n", what,
+                        e / m, e % m, got, ref[e], err, tol);
+            bad++;
+        } else if (tol > 0 && err / tol > st->worst) {
+            st->worst = err / tol;
+        }
+    }
+    CHECKF(bad == 0, "%s: %d of %zu outputs outside tolerance", what, bad, cnt);
+    st->outputs += (long)cnt;
+    free(h);
+}
+
+static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_ns) {
+    const int gs = nb_wq_group_size(k), ng = k / gs;
+    size_t pb = 0, ngt = 0;
+    CHECK(nb_wq_sizes(m, k, &pb, &ngt) == NB_OK);
+    const size_t mk = (size_t)m * k, nk = (size_t)nmax * k, nm = (size_t)nmax * m;
+    const size_t es = nb_dtype_size(dt);
+
+    // Weights: per-row scale and offset so groups have varied ranges and zeros;
+    // row 0 starts with a constant group (s == 0).
+    uint16_t *w = (uint16_t *)malloc(mk * 2);
+    float *wf = (float *)malloc(mk * 4), *wabs = (float *)malloc(mk * 4);
+    for (int j = 0; j < m; j++) {
+        const double amp = 0.02 + 0.2 * urand(), off = 0.05 * (urand() - 0.5);
+        for (int t = 0; t < k; t++) {
+            double v = off + amp * (2.0 * urand() - 1.0);
+            if (j == 0 && t < gs) v = 0.125;
+            nb_store_f32(w, dt, (size_t)j * k + t, (float)v);
+        }
+    }
+    nb_ref_convert_to_f32(wf, w, dt, mk);
+    for (size_t e = 0; e < mk; e++) wabs[e] = fabsf(wf[e]);
+    uint8_t *up = (uint8_t *)malloc(pb), *lo = (uint8_t *)malloc(pb);
+    uint16_t *sc = (uint16_t *)malloc(ngt * 2), *zr = (uint16_t *)malloc(ngt * 2);
+    uint16_t *sca = (uint16_t *)malloc(ngt * 2), *zra = (uint16_t *)malloc(ngt * 2);
+    CHECK(nb_wq_quantize(w, dt, m, k, up, lo, sc, zr) == NB_OK);
+    for (size_t e = 0; e < ngt; e++) {
+        sca[e] = sc[e] & 0x7fffu;
+        zra[e] = zr[e] & 0x7fffu;
+    }
+    nb_wq_tensor hw = {up, lo, sc, zr}, hwa = {up, lo, sca, zra};
+
+    // Activations in dt (so the GPU and the reference see the same values).
+    uint16_t *x = (uint16_t *)malloc(nk * 2);
+    float *xf = (float *)malloc(nk * 4), *xabs = (float *)malloc(nk * 4);
+    for (size_t e = 0; e < nk; e++) nb_store_f32(x, dt, e, (float)(4.0 * urand() - 2.0));
+    nb_ref_convert_to_f32(xf, x, dt, nk);
+    for (size_t e = 0; e < nk; e++) xabs[e] = fabsf(xf[e]);
+    // Bias: f32 for f16 runs, in dt for bf16 runs (both bias dtypes covered).
+    const nb_dtype bdt = dt == NB_DTYPE_F16 ? NB_DTYPE_F32 : dt;
+    void *bias = malloc((size_t)m * 4);
+    float *babs = (float *)malloc((size_t)m * 4);
+    for (int j = 0; j < m; j++) {
+        nb_store_f32(bias, bdt, j, (float)(urand() - 0.5));
+        babs[j] = fabsf(nb_load_f32(bias, bdt, j));
+    }
+
+    // References for nmax rows; a run with n rows is checked against the
+    // first n (rows are independent).
+    float *ref[3], *S[3];
+    for (int v = 0; v < 3; v++) {
+        ref[v] = (float *)malloc(nm * 4);
+        S[v] = (float *)malloc(nm * 4);
+    }
+    nb_ref_matmul_wq(ref[0], xf, &hw, 0, bias, bdt, nmax, m, k);
+    nb_ref_matmul_wq(ref[1], xf, &hw, 1, bias, bdt, nmax, m, k);
+    nb_ref_matmul(ref[2], xf, w, dt, bias, bdt, nmax, m, k);
+    nb_ref_matmul_wq(S[0], xabs, &hwa, 0, babs, NB_DTYPE_F32, nmax, m, k);
+    nb_ref_matmul_wq(S[1], xabs, &hwa, 1, babs, NB_DTYPE_F32, nmax, m, k);
+    nb_ref_matmul(S[2], xabs, wabs, NB_DTYPE_F32, babs, NB_DTYPE_F32, nmax, m, k);
+
+    // Device copies.
+    uint8_t *d_up = (uint8_t *)dev_upload(up, pb), *d_lo = (uint8_t *)dev_upload(lo, pb);
+    uint16_t *d_sc = (uint16_t *)dev_upload(sc, ngt * 2);
+    uint16_t *d_zr = (uint16_t *)dev_upload(zr, ngt * 2);
+    void *d_w = dev_upload(w, mk * es), *d_x = dev_upload(x, nk * es);
+    void *d_bias = dev_upload(bias, (size_t)m * nb_dtype_size(bdt));
+    void *d_out = NULL, *d_out2 = NULL, *d_xmis = NULL;
+    CUDA_OK(cudaMalloc(&d_out, nm * 4));
+    CUDA_OK(cudaMalloc(&d_out2, nm * 4));
+    CUDA_OK(cudaMalloc(&d_xmis, nk * es + 16));
+    uint8_t *d_xm = (uint8_t *)d_xmis + 2; // 2-byte aligned only: the scalar fallback
+    CUDA_OK(cudaMemcpy(d_xm, x, nk * es, cudaMemcpyHostToDevice));
+    nb_wq_tensor dw = {d_up, d_lo, d_sc, d_zr};
+    nb_wq_tensor dw4 = {d_up, NULL, d_sc, d_zr}; // draft-only: no lower plane at all
+    cublasHandle_t cb;
+    CHECK(cublasCreate(&cb) == CUBLAS_STATUS_SUCCESS);
+
+    case_stats st[3] = {{0, 0}, {0, 0}, {0, 0}};
+    char what[160];
+    for (int in = 0; in < n_ns; in++) {
+        const int n = ns[in];
+        if (n > nmax) continue;
+        const nb_dtype odts[3] = {NB_DTYPE_F32, NB_DTYPE_F16, NB_DTYPE_BF16};
+        const int n_odt = (n == 7 || n == 33) ? 3 : 1;
+        for (int io = 0; io < n_odt; io++) {
+            const nb_dtype odt = odts[io];
+            for (int view = 0; view < 2; view++) {
+                for (int tile = 16; tile <= 32; tile += 16) {
+                    nb_cuda_matmul_wq_set_tile_rows(tile);
+                    CUDA_OK(cudaMemset(d_out, 0xff, nm * 4));
+                    nb_status s = nb_cuda_matmul_wq(d_out, odt, d_x, dt, view ? &dw : &dw4, view,
+                                                    d_bias, bdt, n, m, k, NULL, 0, 0);
+                    CHECK(s == NB_OK);
+                    CUDA_OK(cudaGetLastError());
+                    CUDA_OK(cudaDeviceSynchronize());
+                    snprintf(what, sizeof what, "wq%d %s m=%d k=%d n=%d out=%s tile=%d",
+                             view ? 8 : 4, nb_dtype_name(dt), m, k, n, nb_dtype_name(odt), tile);
+                    compare(what, d_out, odt, ref[view], S[view], n, m, 1.0f, &st[view]);
+                }
+                nb_cuda_matmul_wq_set_tile_rows(0);
+            }
+            if (odt != NB_DTYPE_F32 && odt != dt) {
+                // cuBLAS has no mixed f16/bf16 output: refused, not computed.
+                CHECK(nb_cuda_matmul_dense(cb, d_out, odt, d_x, d_w, dt, d_bias, bdt, n, m, k,
+                                           0) == NB_ERR_INVALID_ARG);
+                continue;
+            }
+            CUDA_OK(cudaMemset(d_out, 0xff, nm * 4));
+            CHECK(nb_cuda_matmul_dense(cb, d_out, odt, d_x, d_w, dt, d_bias, bdt, n, m, k, 0) ==
+                  NB_OK);
+            CUDA_OK(cudaGetLastError());
+            CUDA_OK(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "dense %s m=%d k=%d n=%d out=%s", nb_dtype_name(dt), m,
+                     k, n, nb_dtype_name(odt));
+            compare(what, d_out, odt, ref[2], S[2], n, m, 2.0f, &st[2]);
+        }
+    }
+
+    // The scalar fallback on the same shape (x not 16-byte aligned).
+    for (int view = 0; view < 2; view++) {
+        const int n = nmax < 3 ? nmax : 3;
+        CUDA_OK(cudaMemset(d_out, 0xff, nm * 4));
+        CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_xm, dt, &dw, view, d_bias, bdt, n, m, k,
+                                NULL, 0, 0) == NB_OK);
+        CUDA_OK(cudaDeviceSynchronize());
+        snprintf(what, sizeof what, "wq%d fallback %s m=%d k=%d n=%d", view ? 8 : 4,
+                 nb_dtype_name(dt), m, k, n);
+        compare(what, d_out, NB_DTYPE_F32, ref[view], S[view], n, m, 1.0f, &st[view]);
+    }
+
+    // Determinism: the same launch twice gives the same bits.
+    {
+        const int n = nmax < 16 ? nmax : 16;
+        CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dw, 1, NULL, bdt, n, m, k, NULL,
+                                0, 0) == NB_OK);
+        CHECK(nb_cuda_matmul_wq(d_out2, NB_DTYPE_F32, d_x, dt, &dw, 1, NULL, bdt, n, m, k, NULL,
+                                0, 0) == NB_OK);
+        CUDA_OK(cudaDeviceSynchronize());
+        float *a = (float *)malloc((size_t)n * m * 4), *b = (float *)malloc((size_t)n * m * 4);
+        CUDA_OK(cudaMemcpy(a, d_out, (size_t)n * m * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(b, d_out2, (size_t)n * m * 4, cudaMemcpyDeviceToHost));
+        CHECKF(memcmp(a, b, (size_t)n * m * 4) == 0, "wq8 %s m=%d k=%d: two runs differ",
+               nb_dtype_name(dt), m, k);
+        free(a);
+        free(b);
+    }
+
+    // Dequantize: bit for bit against the C twin rounded to dt.
+    for (int view = 0; view < 2; view++) {
+        float *deq = (float *)malloc(mk * 4);
+        uint16_t *got = (uint16_t *)malloc(mk * 2);
+        nb_wq_dequantize(deq, &hw, view, m, k);
+        CUDA_OK(cudaMemset(d_w, 0xff, mk * es));
+        CHECK(nb_cuda_wq_dequantize(d_w, dt, view ? &dw : &dw4, view, m, k, 0) == NB_OK);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(got, d_w, mk * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t e = 0; e < mk; e++) {
+            uint16_t want = dt == NB_DTYPE_F16 ? nb_f32_to_f16(deq[e]) : nb_f32_to_bf16(deq[e]);
+            bad += got[e] != want;
+        }
+        CHECKF(bad == 0, "dequantize%d %s m=%d k=%d: %zu elements differ", view ? 8 : 4,
+               nb_dtype_name(dt), m, k, bad);
+        free(deq);
+        free(got);
+    }
+
+    printf("  %-4s m=%-5d k=%-5d (g=%d, %d groups): worst err/tol wq4 %.3f wq8 %.3f dense %.3f "
+           "(%ld outputs)\n",
+           nb_dtype_name(dt), m, k, gs, ng, st[0].worst, st[1].worst, st[2].worst,
+           st[0].outputs + st[1].outputs + st[2].outputs);
+    fflush(stdout);
+
+    cublasDestroy(cb);
+    cudaFree(d_up);
+    cudaFree(d_lo);
+    cudaFree(d_sc);
+    cudaFree(d_zr);
+    cudaFree(d_w);
+    cudaFree(d_x);
+    cudaFree(d_bias);
+    cudaFree(d_out);
+    cudaFree(d_out2);
+    cudaFree(d_xmis);
+    for (int v = 0; v < 3; v++) {
+        free(ref[v]);
+        free(S[v]);
+    }
+    free(w);
+    free(wf);
+    free(wabs);
+    free(up);
+    free(lo);
+    free(sc);
+    free(zr);
+    free(sca);
+    free(zra);
+    free(x);
+    free(xf);
+    free(xabs);
+    free(bias);
+    free(babs);
+}
+
+int main(void) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        printf("test_linear_cuda: SKIP: no CUDA device (%s)\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return NB_TEST_SKIP;
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("test_linear_cuda on %s (sm_%d%d); tolerance 2^-14*S + 2*u_out*|ref|\n", prop.name,
+           prop.major, prop.minor);
+    if (prop.major < 9) {
+        printf("test_linear_cuda: SKIP: the kernels are built for sm_90a only\n");
+        return NB_TEST_SKIP;
+    }
+
+    const int ns[] = {1, 2, 3, 4, 7, 16, 33, 100};
+    const int n_ns = (int)(sizeof ns / sizeof ns[0]);
+    const int shapes[][2] = {{512, 512}, {1408, 512}, {512, 1408}, {4096, 4096}, {8, 128},
+                             {1000, 384}, {40, 64},   {24, 96}};
+    const nb_dtype dts[2] = {NB_DTYPE_BF16, NB_DTYPE_F16};
+    for (int d = 0; d < 2; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            run_shape(dts[d], shapes[s][0], shapes[s][1], 100, ns, n_ns);
+
+    // Argument checks.
+    nb_wq_tensor none = {NULL, NULL, NULL, NULL};
+    CHECK(nb_cuda_matmul_wq(NULL, NB_DTYPE_F32, NULL, NB_DTYPE_F32, &none, 0, NULL, NB_DTYPE_F32,
+                            1, 1, 128, NULL, 0, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_wq(NULL, NB_DTYPE_F32, NULL, NB_DTYPE_F16, &none, 0, NULL, NB_DTYPE_F32,
+                            1, 1, 100, NULL, 0, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_wq(NULL, NB_DTYPE_F32, NULL, NB_DTYPE_F16, &none, 0, NULL, NB_DTYPE_F32,
+                            0, 8, 128, NULL, 0, 0) == NB_OK);
+    CHECK(nb_cuda_matmul_wq_workspace_bytes(16, 4096, 4096) == 0);
+    return nb_test_finish("test_linear_cuda");
+}

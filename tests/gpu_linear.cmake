@@ -1,0 +1,34 @@
+# CUDA linear layers (kernels/linear_cuda.cu): the GPU test against the C
+# references and the bandwidth benchmark. Both exit 77 (skipped) when no
+# CUDA device is present, so CI without a GPU stays green.
+if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
+  foreach(_nb_gl test_linear_cuda bench_linear_cuda)
+    if(_nb_gl STREQUAL "test_linear_cuda")
+      set(_nb_gl_src ${CMAKE_CURRENT_LIST_DIR}/gpu/test_linear_cuda.cu)
+    else()
+      set(_nb_gl_src ${CMAKE_CURRENT_LIST_DIR}/bench/bench_linear_cuda.cu)
+    endif()
+    if(NOT EXISTS ${_nb_gl_src})
+      message(WARNING "${_nb_gl}: ${_nb_gl_src} does not exist; not built")
+      continue()
+    endif()
+    add_executable(${_nb_gl} ${_nb_gl_src})
+    target_link_libraries(${_nb_gl} PRIVATE nb_kernels_cuda nb_kernels Threads::Threads
+                          ${MATH_LIBRARY})
+    target_include_directories(${_nb_gl} PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+    set_target_properties(${_nb_gl} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+    target_compile_options(${_nb_gl} PRIVATE
+                           $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  endforeach()
+  if(TARGET test_linear_cuda)
+    add_test(NAME test_linear_cuda COMMAND test_linear_cuda)
+    set_tests_properties(test_linear_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+                         LABELS gpu)
+  endif()
+  if(TARGET bench_linear_cuda)
+    # Smoke run of the benchmark (one shape, few iterations); speed never fails it.
+    add_test(NAME bench_linear_cuda_smoke COMMAND bench_linear_cuda --quick)
+    set_tests_properties(bench_linear_cuda_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                         LABELS "gpu;bench")
+  endif()
+endif()
