@@ -16,6 +16,10 @@
 #include "kv_layout.h"
 #include "nb_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Floats (not bytes) of `work` that nb_ref_paged_attention needs for a
 // sequence with n_q_blocks quantized blocks and n_fp_tokens FP tokens:
 // 2 * (n_q_blocks*G + n_fp_tokens) * D.
@@ -57,5 +61,9 @@ nb_status nb_ref_attention_contiguous(int n_tokens, int n_kv_heads, int n_q_head
                                       const float *q, // [n_rows][n_q_heads][D]
                                       int n_rows, int first_pos, float softmax_scale,
                                       float *out);    // [n_rows][n_q_heads][D] (out)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // NB_ATTENTION_REF_H

@@ -60,6 +60,10 @@
 #include "nb_dtype.h"
 #include "nb_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Largest |x| accepted in a group (2^125); larger values are rejected as
 // NB_ERR_NON_FINITE because 15*S, U*S + Z could overflow f32.
 #define NB_KV_QUANT_MAX_ABS 0x1p125f
@@ -139,5 +143,9 @@ nb_status nb_kv_dequantize_block(const nb_kv_layout *lay, const nb_kv_pools *poo
 // n_tokens outside [0, G], NULL pool).
 nb_status nb_kv_copy_fp_block(const nb_kv_layout *lay, const nb_kv_pools *pools,
                               int32_t src, int32_t dst, int32_t n_tokens);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // NB_KV_QUANT_H

@@ -25,6 +25,10 @@
 #include "nb_dtype.h"
 #include "nb_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Convert n elements of dtype dt to f32 (exact; f16 Inf/NaN/subnormals kept).
 void nb_ref_convert_to_f32(float *out /*[n] f32*/, const void *src /*[n] dt*/, nb_dtype dt,
                            size_t n);
@@ -114,5 +118,9 @@ nb_status nb_ref_rope_inv_freq(float *inv_freq /*[D/2] f32*/, int D, float theta
 // dtype; our activations are f32). D must be even and <= 1024.
 void nb_ref_rope_apply(float *x /*[n][n_heads][D] f32*/, const int32_t *pos /*[n]*/, int n,
                        int n_heads, int D, const float *inv_freq /*[D/2] f32*/);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // NB_OPS_REF_H

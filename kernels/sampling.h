@@ -16,6 +16,10 @@
 
 #include "nb_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Philox4x32-10 (Salmon et al., SC'11): 10 rounds, multipliers 0xD2511F53 and
 // 0xCD9E8D57, Weyl key increments 0x9E3779B9 and 0xBB67AE85.
 void nb_philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2]);
@@ -77,5 +81,9 @@ nb_status nb_ref_spec_accept(int gamma, int V, const float *p /*[gamma+1][V] tar
                              const int32_t *draft /*[gamma]*/, uint64_t seed, uint64_t counter0,
                              int32_t *out_tokens /*[gamma+1]*/, int *n_accepted,
                              float *work /*[V] f32*/);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // NB_SAMPLING_H

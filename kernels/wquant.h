@@ -27,6 +27,10 @@
 #include "nb_dtype.h"
 #include "nb_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define NB_WQ_GROUP 128
 
 // A quantized weight matrix W[m][k] (the caller owns all four buffers).
@@ -75,5 +79,9 @@ void nb_ref_matmul_wq(float *out /*[n][m] f32*/, const float *x /*[n][k] f32*/,
                       const nb_wq_tensor *w, int use_lower,
                       const void *bias /*[m] bias_dt or NULL*/, nb_dtype bias_dt, int n, int m,
                       int k);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // NB_WQUANT_H
