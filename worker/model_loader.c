@@ -11,13 +11,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "model_internal.h"
 #include "safetensors.h"
 
 struct nb_model {
     char *dir;
     nb_model_config cfg;
-    nb_st_set *weights_set; // owns the mappings every view points into
+    nb_st_set *weights_set; // owns the mappings every view points into; NULL when synthetic
     nb_model_weights w;
+    bool synthetic;                  // made by nb_model_synthetic() (model_synthetic.c)
+    void *owned;                     // synthetic: the memory the views point into
+    void (*owned_free)(void *owned); // frees `owned` in nb_model_free()
 };
 
 static nb_status set_err(char *err, size_t err_len, nb_status st, const char *fmt, ...) {
@@ -198,6 +202,7 @@ void nb_model_free(nb_model **mp) {
     if (!mp || !*mp) return;
     nb_model *m = *mp;
     nb_st_set_close(&m->weights_set);
+    if (m->owned_free) m->owned_free(m->owned);
     free(m->w.layers);
     free(m->dir);
     free(m);
@@ -207,6 +212,23 @@ void nb_model_free(nb_model **mp) {
 const nb_model_config *nb_model_get_config(const nb_model *m) { return &m->cfg; }
 const nb_model_weights *nb_model_get_weights(const nb_model *m) { return &m->w; }
 const char *nb_model_get_dir(const nb_model *m) { return m->dir; }
+bool nb_model_is_synthetic(const nb_model *m) { return m && m->synthetic; }
+
+nb_model *nb_model_new_synthetic_internal(const char *dir, const nb_model_config *cfg,
+                                          const nb_model_weights *w, void *owned,
+                                          void (*owned_free)(void *owned)) {
+    nb_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir))) {
+        free(m);
+        return NULL;
+    }
+    m->cfg = *cfg;
+    m->w = *w;
+    m->synthetic = true;
+    m->owned = owned;
+    m->owned_free = owned_free;
+    return m;
+}
 
 nb_status nb_model_find_tensor(const nb_model *m, const char *name, nb_tensor_view *out,
                                char *err, size_t err_len) {
@@ -214,6 +236,9 @@ nb_status nb_model_find_tensor(const nb_model *m, const char *name, nb_tensor_vi
     if (!m || !name || !out)
         return set_err(err, err_len, NB_ERR_INVALID_ARG, "nb_model_find_tensor: NULL argument");
     memset(out, 0, sizeof *out);
+    if (!m->weights_set)
+        return set_err(err, err_len, NB_ERR_NOT_FOUND, "%s: no tensor \"%s\" (no checkpoint file)",
+                       m->dir, name);
     const nb_st_tensor *t;
     const char *file = NULL;
     nb_status st = nb_st_set_find(m->weights_set, name, &t, &file, err, err_len);

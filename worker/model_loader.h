@@ -76,6 +76,23 @@ typedef struct nb_model nb_model;
 //   NB_ERR_OUT_OF_MEMORY, NB_ERR_INVALID_ARG (NULL dir/out)
 nb_status nb_model_load(const char *dir, nb_model **out, char *err, size_t err_len);
 
+// Synthetic models: seeded random weights in memory, no file needed, for
+// benchmarks of real shapes and machines without a checkpoint. Their output
+// is noise. `name` is one of "tiny" (2 layers, hidden 128, 4/2 heads x 32,
+// vocab 512), "llama-2-7b" (32 layers, hidden 4096, 32 heads x 128, MLP
+// 11008, vocab 32000), "llama-3-8b" (32 layers, hidden 4096, 32/8 heads x
+// 128, MLP 14336, vocab 128256, rope_theta 500000 with llama3 scaling),
+// without the "synthetic:" prefix. Weights are bf16 (tiny: f32), drawn from a
+// counter-based generator keyed by `seed` with a scale that keeps
+// activations finite. nb_model_get_dir() returns "synthetic:NAME".
+// Returns NB_OK; NB_ERR_NOT_FOUND (unknown name; err lists the known ones);
+// NB_ERR_OUT_OF_MEMORY.
+nb_status nb_model_synthetic(const char *name, uint64_t seed, nb_model **out, char *err,
+                             size_t err_len);
+
+// True for a model made by nb_model_synthetic().
+bool nb_model_is_synthetic(const nb_model *m);
+
 // Unmap and free everything; accepts NULL or *m == NULL; sets *m = NULL.
 // Every view taken from the model becomes invalid.
 void nb_model_free(nb_model **m);
