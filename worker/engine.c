@@ -818,11 +818,11 @@ static void score_consume(nb_engine *e, void *vctx, int32_t k, const float *logi
 }
 
 nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int32_t n,
-                          int32_t chunk, double *nll, float *logits) {
+                          int32_t chunk, nb_fwd_mode mode, double *nll, float *logits) {
     eseq *es = eseq_get(e, seq);
     if (!es) return NB_ERR_NOT_FOUND;
     if (!tokens || !nll || n < 2 || chunk < 1 || chunk > e->max_logit_rows ||
-        chunk > e->p.prefill_chunk)
+        chunk > e->p.prefill_chunk || (mode != NB_FWD_TARGET && mode != NB_FWD_DRAFT))
         return NB_ERR_INVALID_ARG;
     nb_bm_seq_view v;
     nb_bm_seq_view_get(e->bm, seq, &v);
@@ -841,7 +841,7 @@ nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int3
         nb_bm_seq_view_get(e->bm, seq, &v);
         int32_t nf = 0;
         fwd_push(e, &nf, seq, 0, done, take, v.tokens + done, take);
-        s = run_forward(e, NB_FWD_TARGET, nf, score_consume, &ctx);
+        s = run_forward(e, mode, nf, score_consume, &ctx);
         if (s != NB_OK) return s;
         NB_ASSERT(nb_bm_seq_flush(e->bm, seq, &e->work) == NB_OK);
         s = exec_work(e);

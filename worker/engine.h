@@ -147,9 +147,11 @@ const int32_t *nb_engine_seq_tokens(const nb_engine *e, int32_t seq);
 // negative log-likelihood (nats) of tokens[1..n) to *nll. The cache precision
 // a row sees follows the same rules as decoding, so chunk == 1 measures
 // exactly what target-only decoding would read. Returns NB_OK or a status.
-// logits (may be NULL) receives every row's logits, [n][vocab] f32.
+// mode NB_FWD_DRAFT scores through the draft instead (its weights and KV
+// view), to measure what the draft alone would cost. logits (may be NULL)
+// receives every row's logits, [n][vocab] f32.
 nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int32_t n,
-                          int32_t chunk, double *nll, float *logits);
+                          int32_t chunk, nb_fwd_mode mode, double *nll, float *logits);
 
 const nb_model_config *nb_engine_model_config(const nb_engine *e);
 const nb_engine_params *nb_engine_params_get(const nb_engine *e);

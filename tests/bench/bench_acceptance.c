@@ -178,10 +178,16 @@ int main(int argc, char **argv) {
         prompt ess[2];
         int ne = load_essays(data, tok, bos, ppl, 400000, ess, 2);
         printf("## Perplexity, %s, %d essay passages x %d tokens, one token per pass\n\n", model_dir, ne, ppl);
-        printf("| cache | NLL/token | perplexity | vs unquantized |\n|---|---|---|---|\n");
+        printf("| KV cache read by | NLL/token | perplexity | vs unquantized |\n|---|---|---|---|\n");
+        // (quantized cache?, draft path?, draft uses 4-bit weights?, label)
+        struct { bool quant, draft, w4; const char *name; } cfgs[4] = {
+            {false, false, false, "target, unquantized bf16 cache"},
+            {true, false, false, "target, INT8 (both nibbles) + FP buffer"},
+            {true, true, false, "target weights, INT4 (upper nibbles) + FP buffer"},
+            {true, true, true, "draft (4-bit weights), INT4 + FP buffer"}};
         double base = 0;
-        for (int q = 0; q < 2; q++) {
-            nb_engine *e = make_engine(m, q == 1, true, true, max_len, err);
+        for (int q = 0; q < 4; q++) {
+            nb_engine *e = make_engine(m, cfgs[q].quant, cfgs[q].w4, true, max_len, err);
             if (!e) { fprintf(stderr, "%s\n", err); return 1; }
             double nll = 0;
             int64_t cnt = 0;
@@ -190,15 +196,15 @@ int main(int argc, char **argv) {
                 nb_sampling_params sp = {0};
                 int32_t s;
                 nb_engine_seq_add(e, &sp, &s);
-                nb_status st = nb_engine_score(e, s, ess[k].ids, ess[k].n, 1, &nll, NULL);
+                nb_status st = nb_engine_score(e, s, ess[k].ids, ess[k].n, 1,
+                                               cfgs[q].draft ? NB_FWD_DRAFT : NB_FWD_TARGET, &nll, NULL);
                 if (st != NB_OK) { fprintf(stderr, "score: %s\n", nb_status_str(st)); return 1; }
                 cnt += ess[k].n - 1;
                 nb_engine_seq_free(e, s);
             }
             double per = nll / cnt, p = exp(per);
             if (q == 0) base = p;
-            printf("| %s | %.4f | %.3f | %+.2f%% |\n", q ? "INT8 (hierarchical, target view) + FP buffer" : "unquantized (bf16)",
-                   per, p, 100.0 * (p / base - 1.0));
+            printf("| %s | %.5f | %.4f | %+.3f%% |\n", cfgs[q].name, per, p, 100.0 * (p / base - 1.0));
             fflush(stdout);
             fprintf(stderr, "  ppl pass %d: %.1f s\n", q, now_s() - t0);
             nb_engine_destroy(&e);

@@ -126,7 +126,7 @@ static void test_logits_vs_dense(const nb_model *m) {
         int32_t seq;
         CHECK(nb_engine_seq_add(e, &sp, &seq) == NB_OK);
         double nll = 0;
-        CHECK(nb_engine_score(e, seq, tok, n, chunks[ci], &nll, got) == NB_OK);
+        CHECK(nb_engine_score(e, seq, tok, n, chunks[ci], NB_FWD_TARGET, &nll, got) == NB_OK);
         double maxd = 0, maxv = 0;
         for (size_t i = 0; i < (size_t)n * V; i++) {
             double d = fabs((double)got[i] - ref[i]);
