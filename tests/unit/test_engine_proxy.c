@@ -112,7 +112,7 @@ static void dense_logits(const nb_model *m, const int32_t *tok, int n, float *lo
 // of K/V storage (none for f32): tolerance 1e-4 absolute on logits of O(10).
 static void test_logits_vs_dense(const nb_model *m) {
     const nb_model_config *c = nb_model_get_config(m);
-    int n = 150, V = c->vocab_size;
+    int n = NB_TEST_SCALE(150, 70), V = c->vocab_size;
     int32_t tok[150];
     for (int i = 0; i < n; i++) tok[i] = (int32_t)((i * 7919 + 13) % V);
     float *ref = malloc(sizeof(float) * (size_t)n * V), *got = malloc(sizeof(float) * (size_t)n * V);
@@ -149,7 +149,7 @@ static void test_spec_equals_target(const nb_model *m) {
     nb_engine *e = make_engine(m, true, -1, err);
     CHECKF(e, "%s", err);
     const cJSON *g;
-    int n_new = 200, gammas[3] = {1, 4, 8};
+    int n_new = NB_TEST_SCALE(200, 140), gammas[3] = {1, 4, 8};
     cJSON_ArrayForEach(g, cJSON_GetObjectItem(rep, "golden")) {
         int32_t prompt[64], ref[256], got[256];
         int np = etu_ints(cJSON_GetObjectItem(g, "prompt_ids"), prompt, 64);
