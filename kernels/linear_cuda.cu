@@ -33,7 +33,10 @@ namespace {
 
 constexpr int kWarps = 8;            // warps per block; they split k
 constexpr int kThreads = kWarps * 32;
-constexpr int kGU = 2;               // groups per warp per iteration
+// Groups per warp per iteration (GU, a template parameter): all loads of an
+// iteration are issued before the first mma, so GU sets the bytes in flight.
+// 4 at one x tile (decode: 8 loads of 16 B a lane in flight; k = 4096 is
+// then one iteration), 2 at two (the accumulators need the registers).
 constexpr int kGroup = NB_WQ_GROUP;  // the tensor-core path needs k % 128 == 0
 
 struct WqParams {
@@ -151,7 +154,7 @@ template <> __device__ __forceinline__ float x_to_f32<__nv_bfloat16>(__nv_bfloat
 // The tensor-core kernel. Block: kWarps warps, R tiles of 16 weight rows
 // (blockIdx.x), NT tiles of 8 x rows (blockIdx.y); grid.x = ceil(m/16R),
 // grid.y = ceil(n/8NT).
-template <typename XT, int NT, int R, bool LOWER>
+template <typename XT, int NT, int R, bool LOWER, int kGU>
 __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
     __shared__ float red[kWarps][NT * 8][R * 16];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -408,7 +411,7 @@ template <typename XT, int NT, int R, bool LOWER>
 void launch_mma(const WqParams &p, cudaStream_t stream) {
     const dim3 grid((unsigned)((p.m + R * 16 - 1) / (R * 16)),
                     (unsigned)((p.n + NT * 8 - 1) / (NT * 8)));
-    wq_mma_kernel<XT, NT, R, LOWER><<<grid, kThreads, 0, stream>>>(p);
+    wq_mma_kernel<XT, NT, R, LOWER, NT == 1 ? 4 : 2><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <typename XT, int NT, int R>

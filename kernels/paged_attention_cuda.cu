@@ -1,0 +1,1262 @@
+// paged_attention_cuda.cu: split-K paged attention over quantized + FP blocks
+// (paged_attention_cuda.h has the contract and the math trick).
+//
+// The one idea: a CTA of 128 threads owns (chunk of whole blocks, kv head,
+// m-tile of query vectors, sequence) and streams its blocks as tiles of
+// tokens through a cp.async shared-memory pipeline (2-4 stages, 16-byte
+// copies), so several tiles of loads are in flight while the previous tile
+// is being computed; per tile it computes scores (thread per token),
+// an online softmax (warp per query vector) and P.V (thread per 8 channels
+// x 4 query vectors x a slice of tokens, accumulators in registers).
+//
+// Layout of the work of one sequence, in "units" of one block each:
+//   units 0 .. nq-1          quantized blocks (all rows)
+//   unit  nq (has_prequant)  the pre-quantized C_F1, read only by rows whose
+//                            nq_row = nq + 1
+//   the rest                 FP blocks fp[j] at positions (nq + j)*G; fp[0]
+//                            is read only by rows with nq_row = nq when a
+//                            pre-quantized copy exists
+// Chunk c owns units [c*upc, (c+1)*upc). Causality and the two row classes
+// are masks on the scores; nothing past position pos0 + n_rows - 1 is used.
+#include "paged_attention_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include <type_traits>
+
+namespace {
+
+constexpr int NT = 128;          // threads per CTA
+constexpr int MR = 4;            // query vectors per P.V register tile
+constexpr int CPT = 8;           // channels per thread chunk
+constexpr int MT_MAX = 64;       // query vectors per CTA at most
+constexpr int SMEM_LIMIT = 227 * 1024;
+constexpr float LOG2E = 1.4426950408889634f;
+
+// ---- plan: tile sizes and shared-memory carve, the same on host and device ----
+
+struct pa_plan {
+    int D, Dp, G, es;
+    int ttq, ttf, ns;                    // tile tokens (quantized / FP units), pipeline stages
+    int stage_bytes;
+    int o_ku, o_vu, o_kl, o_vl, o_ks, o_kz, o_vs, o_vz; // quantized stage parts (bytes)
+    int o_fk, o_fv;                      // FP stage parts (bytes)
+    int MT, n_mtiles;
+    int off_q, off_qx, off_p, off_misc, off_stage, smem_bytes;
+};
+
+struct pa_kp {
+    nb_kv_layout lay;
+    const uint8_t *upper, *lower, *scales, *fp;
+    int layer, n_q_heads, g;
+    float scale_log2;
+    const nb_pa_seq *seqs;
+    const int32_t *qtab, *fptab;
+    const float *q;
+    float *out, *ws_o, *ws_ml;
+    int n_chunks, upc, max_rows;
+    pa_plan pl;
+};
+
+__host__ __device__ constexpr int a16(int x) { return (x + 15) & ~15; }
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// canonical(p) of nb_bm_qblocks_for_tokens and the row rule of
+// nb_bm_view_qblocks_for_row: does the row at position p read the
+// pre-quantized C_F1 (group nq) instead of FP block fp[0]?
+__device__ __forceinline__ bool row_uses_prequant(int p, int G, int nq, int pq) {
+    const int canonical = p >= 2 * G ? p / G - 1 : 0;
+    return pq && canonical > nq;
+}
+
+// ---- cp.async pipeline ----
+
+__device__ __forceinline__ void cp_async16(void *s, const void *g) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(g));
+}
+__device__ __forceinline__ void cp_async4(void *s, const void *g) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// All threads copy n contiguous bytes global -> shared: 16-byte cp.async when
+// aligned, 4-byte when possible, else plain (synchronous) byte copies.
+__device__ __forceinline__ void stage_copy(uint8_t *s, const uint8_t *g, int n) {
+    const int tid = threadIdx.x;
+    if ((((uintptr_t)s | (uintptr_t)g | (uintptr_t)n) & 15) == 0) {
+        for (int i = tid * 16; i < n; i += NT * 16) cp_async16(s + i, g + i);
+    } else if ((((uintptr_t)s | (uintptr_t)g | (uintptr_t)n) & 3) == 0) {
+        for (int i = tid * 4; i < n; i += NT * 4) cp_async4(s + i, g + i);
+    } else {
+        for (int i = tid; i < n; i += NT) s[i] = g[i];
+    }
+}
+
+// ---- element access ----
+
+template <typename T> __device__ __forceinline__ float ldf(const T *p);
+template <> __device__ __forceinline__ float ldf<float>(const float *p) { return *p; }
+template <> __device__ __forceinline__ float ldf<__half>(const __half *p) { return __half2float(*p); }
+template <> __device__ __forceinline__ float ldf<__nv_bfloat16>(const __nv_bfloat16 *p) {
+    return __bfloat162float(*p);
+}
+
+// 0x4B0000xx as f32 is 2^23 + xx: byte -> float in a permute and an add.
+__device__ __forceinline__ float byte_f(uint32_t w, uint32_t sel, float bias) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, sel)) - bias;
+}
+
+// 8 channels (one 4-byte word of the upper plane): U as floats.
+__device__ __forceinline__ void draft8(uint32_t up, float v[8]) {
+    const uint32_t e = up & 0x0F0F0F0Fu, o = (up >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        v[2 * b] = byte_f(e, 0x7650u + b, 8388608.0f);
+        v[2 * b + 1] = byte_f(o, 0x7650u + b, 8388608.0f);
+    }
+}
+
+// 8 channels from both planes: C8 = 16U + Lstored - 8 as floats (exact).
+__device__ __forceinline__ void target8(uint32_t up, uint32_t lo, float v[8]) {
+    const uint32_t e = ((up & 0x0F0F0F0Fu) << 4) | (lo & 0x0F0F0F0Fu);
+    const uint32_t o = (up & 0xF0F0F0F0u) | ((lo >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        v[2 * b] = byte_f(e, 0x7650u + b, 8388616.0f);
+        v[2 * b + 1] = byte_f(o, 0x7650u + b, 8388616.0f);
+    }
+}
+
+// Word cc (channels 8cc..8cc+7) of a plane row of `rb` bytes; bytes past the
+// row read as 0 (generic D only).
+template <bool FAST>
+__device__ __forceinline__ uint32_t plane_word(const uint8_t *row, int cc, int rb) {
+    if (FAST) return *(const uint32_t *)(row + cc * 4);
+    uint32_t w = 0;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        const int i = cc * 4 + b;
+        if (i < rb) w |= (uint32_t)row[i] << (8 * b);
+    }
+    return w;
+}
+
+// Channels 8cc..8cc+7 of an FP row of D elements; past D reads 0.
+template <bool FAST, typename T>
+__device__ __forceinline__ void fp8(const T *row, int cc, int D, float v[8]) {
+    if constexpr (FAST && sizeof(T) == 2) {
+        const uint4 w = *(const uint4 *)(row + cc * 8);
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (std::is_same<T, __half>::value) {
+                __half2 h = *(const __half2 *)&ws[i];
+                float2 f = __half22float2(h);
+                v[2 * i] = f.x;
+                v[2 * i + 1] = f.y;
+            } else {
+                v[2 * i] = __uint_as_float(ws[i] << 16);
+                v[2 * i + 1] = __uint_as_float(ws[i] & 0xFFFF0000u);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = cc * 8 + j;
+            v[j] = c < D ? ldf<T>(row + c) : 0.0f;
+        }
+    }
+}
+
+// One tile: CPT-channel chunks of a token row from the stage buffer.
+template <bool FAST, typename T, int MODE>
+__device__ __forceinline__ void row8(const uint8_t *sb, const pa_plan &L, bool fp, bool is_v, int t,
+                                     int cc, int D, float v[8]) {
+    if (MODE == NB_PA_FP_ONLY || fp) {
+        const T *base = (const T *)(sb + (is_v ? L.o_fv : L.o_fk)) + (size_t)t * D;
+        fp8<FAST, T>(base, cc, D, v);
+    } else {
+        const int rb = D / 2;
+        const uint8_t *u = sb + (is_v ? L.o_vu : L.o_ku) + (size_t)t * rb;
+        const uint32_t uw = plane_word<FAST>(u, cc, rb);
+        if constexpr (MODE == NB_PA_TARGET) {
+            const uint8_t *l = sb + (is_v ? L.o_vl : L.o_kl) + (size_t)t * rb;
+            target8(uw, plane_word<FAST>(l, cc, rb), v);
+        } else {
+            draft8(uw, v);
+        }
+    }
+}
+
+struct tile_t {
+    int fp, block, t0, pos, rows, tl, rmask;
+};
+
+template <int DC, typename T, int MODE>
+__global__ void __launch_bounds__(NT) pa_chunk_kernel(const pa_kp P) {
+    constexpr bool FAST = DC != 0;
+    constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
+    constexpr int NS = !FAST ? 2 : QUANT ? 4 : 3;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const pa_plan &L = P.pl;
+    const nb_kv_layout lay = P.lay;
+    const int D = FAST ? DC : L.D, Dp = FAST ? DC : L.Dp, G = lay.group_size;
+    const int n_cch = Dp / CPT;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int chunk = blockIdx.x, kvh = blockIdx.y / L.n_mtiles, mt = blockIdx.y % L.n_mtiles;
+    const int seq = blockIdx.z, g = P.g;
+    const nb_pa_seq S = P.seqs[seq];
+    const int nq = QUANT ? S.n_qblocks : 0, pq = QUANT ? (S.has_prequant != 0) : 0;
+    const int pos_end = S.pos0 + S.n_rows;
+    const int fp_span = pos_end - nq * G;
+    const int nfp = fp_span > 0 ? cdiv(fp_span, G) : 0;
+    const int nU = nq + pq + nfp;
+    const int u0 = chunk * P.upc, u1 = min(nU, u0 + P.upc);
+    const int m0 = mt * L.MT;
+    const int M = min(L.MT, S.n_rows * g - m0);
+    if (M <= 0) return;
+
+    float *qs = (float *)(smem + L.off_q);   // [M][Dp] q * softmax_scale * log2(e)
+    float *qx = (float *)(smem + L.off_qx);  // [M][Dp] qs * S_c (quantized tiles)
+    float *ps = (float *)(smem + L.off_p);   // [M][ttq] scores, then weights
+    float *mrun = (float *)(smem + L.off_misc); // [M] running max (log2 domain)
+    float *lrun = mrun + MT_MAX;             // [M] running sum
+    float *zacc = lrun + MT_MAX;             // [M] running sum of w * Z_t (quantized V)
+    float *alph = zacc + MT_MAX;             // [M] this tile's rescale
+    float *qz = alph + MT_MAX;               // [M] sum_c qs * Z_c of this tile's block
+    uint8_t *stages = smem + L.off_stage;
+
+    // Workspace index of query vector m of this CTA.
+    auto pidx = [&](int m) {
+        const int mg = m0 + m, r = mg / g, h = kvh * g + mg % g;
+        return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
+    };
+    if (u0 >= u1) { // NOTE: an empty chunk still tells the merge it holds nothing
+        for (int m = tid; m < M; m += NT) {
+            P.ws_ml[2 * pidx(m)] = -INFINITY;
+            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
+        }
+        return;
+    }
+
+    const int uq = min(max(nq + pq - u0, 0), u1 - u0), uf = (u1 - u0) - uq;
+    const int ntq = cdiv(G, L.ttq), ntf = cdiv(G, L.ttf);
+    const int n_tiles = uq * ntq + uf * ntf;
+    auto tile_get = [&](int k) {
+        tile_t tl;
+        if (k < uq * ntq) {
+            const int u = u0 + k / ntq;
+            tl.fp = 0;
+            tl.t0 = (k % ntq) * L.ttq;
+            tl.rows = min(L.ttq, G - tl.t0);
+            tl.block = P.qtab[S.qblock_off + u]; // u == nq: the pre-quantized C_F1
+            tl.pos = u * G + tl.t0;
+            tl.rmask = u < nq ? 0 : 1;
+        } else {
+            k -= uq * ntq;
+            const int j = u0 + uq + k / ntf - nq - pq;
+            tl.fp = 1;
+            tl.t0 = (k % ntf) * L.ttf;
+            tl.rows = min(L.ttf, G - tl.t0);
+            tl.block = P.fptab[S.fpblock_off + j];
+            tl.pos = (nq + j) * G + tl.t0;
+            tl.rmask = (pq && j == 0) ? 2 : 0;
+        }
+        tl.tl = min(tl.rows, pos_end - tl.pos);
+        return tl;
+    };
+    // NOTE: whole tile rows are copied (they lie inside the block); only the
+    // first tl rows, all below pos_end, are ever read.
+    auto issue = [&](int k) {
+        const tile_t t = tile_get(k);
+        if (t.tl <= 0) return;
+        uint8_t *sb = stages + (size_t)(k % NS) * L.stage_bytes;
+        const int es = (int)sizeof(T);
+        if (MODE == NB_PA_FP_ONLY || t.fp) {
+            const size_t ko = nb_kv_fp_offset(&lay, P.layer, t.block, kvh, 0, t.t0) * es;
+            const size_t vo = nb_kv_fp_offset(&lay, P.layer, t.block, kvh, 1, t.t0) * es;
+            stage_copy(sb + L.o_fk, P.fp + ko, t.rows * D * es);
+            stage_copy(sb + L.o_fv, P.fp + vo, t.rows * D * es);
+        } else {
+            const size_t ko = nb_kv_plane_offset(&lay, P.layer, t.block, kvh, 0, t.t0);
+            const size_t vo = nb_kv_plane_offset(&lay, P.layer, t.block, kvh, 1, t.t0);
+            const int nb = t.rows * (D / 2);
+            stage_copy(sb + L.o_ku, P.upper + ko, nb);
+            stage_copy(sb + L.o_vu, P.upper + vo, nb);
+            if (MODE == NB_PA_TARGET) { // the draft view never reads the lower plane
+                stage_copy(sb + L.o_kl, P.lower + ko, nb);
+                stage_copy(sb + L.o_vl, P.lower + vo, nb);
+            }
+            const uint8_t *sc = P.scales;
+            stage_copy(sb + L.o_ks,
+                       sc + nb_kv_scales_offset(&lay, P.layer, t.block, kvh, NB_KV_K_SCALE) * es, D * es);
+            stage_copy(sb + L.o_kz,
+                       sc + nb_kv_scales_offset(&lay, P.layer, t.block, kvh, NB_KV_K_ZERO) * es, D * es);
+            stage_copy(sb + L.o_vs,
+                       sc + (nb_kv_scales_offset(&lay, P.layer, t.block, kvh, NB_KV_V_SCALE) + t.t0) * es,
+                       t.rows * es);
+            stage_copy(sb + L.o_vz,
+                       sc + (nb_kv_scales_offset(&lay, P.layer, t.block, kvh, NB_KV_V_ZERO) + t.t0) * es,
+                       t.rows * es);
+        }
+    };
+
+#pragma unroll 1
+    for (int s = 0; s < NS - 1; s++) {
+        if (s < n_tiles) issue(s);
+        cp_commit();
+    }
+
+    for (int i = tid; i < M * Dp; i += NT) {
+        const int m = i / Dp, c = i - m * Dp, mg = m0 + m;
+        const int r = mg / g, h = kvh * g + mg % g;
+        qs[i] = c < D ? P.q[((size_t)(S.row_off + r) * P.n_q_heads + h) * D + c] * P.scale_log2 : 0.0f;
+    }
+    for (int m = tid; m < M; m += NT) {
+        mrun[m] = -INFINITY;
+        lrun[m] = 0.0f;
+        zacc[m] = 0.0f;
+    }
+
+    // P.V work split: items (channel chunk, 4 query vectors) x token slices.
+    const int n_ms = cdiv(M, MR), n_items = n_cch * n_ms;
+    const int n_ts = n_items >= NT ? 1 : NT / n_items;
+    const int ts = n_items >= NT ? 0 : tid / n_items;
+    const bool pv_on = ts < n_ts;
+    int item[2];
+    item[0] = n_items >= NT ? tid : tid % n_items;
+    item[1] = n_items >= NT && tid + NT < n_items ? tid + NT : -1;
+    float acc[2][MR][CPT];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int a = 0; a < MR; a++)
+#pragma unroll
+            for (int j = 0; j < CPT; j++) acc[k][a][j] = 0.0f;
+
+#pragma unroll 1
+    for (int it = 0; it < n_tiles; it++) {
+        cp_wait<NS - 2>();
+        __syncthreads(); // tile `it` landed; everyone is done with tile it-1
+        if (it + NS - 1 < n_tiles) issue(it + NS - 1);
+        cp_commit();
+        const tile_t t = tile_get(it);
+        if (t.tl <= 0) continue;
+        const uint8_t *sb = stages + (size_t)(it % NS) * L.stage_bytes;
+        const bool fp = MODE == NB_PA_FP_ONLY || t.fp;
+        const int tt = fp ? L.ttf : L.ttq;
+
+        if (QUANT && !fp) { // fold K's per-channel step into q; zero point into qz
+            const T *ks = (const T *)(sb + L.o_ks), *kz = (const T *)(sb + L.o_kz);
+            for (int m = warp; m < M; m += NT / 32) {
+                float z = 0.0f;
+                for (int c = lane; c < Dp; c += 32) {
+                    float step = 0.0f, zc = 0.0f;
+                    if (c < D) {
+                        step = ldf<T>(ks + c);
+                        if (MODE == NB_PA_TARGET) step *= 0.0625f;
+                        zc = ldf<T>(kz + c);
+                    }
+                    qx[m * Dp + c] = qs[m * Dp + c] * step;
+                    z += qs[m * Dp + c] * zc;
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+                if (lane == 0) qz[m] = z;
+            }
+            __syncthreads();
+        }
+
+        // Scores: thread (token t, query-vector class ms); 8 query vectors per pass.
+        {
+            const float *qsrc = (QUANT && !fp) ? qx : qs;
+            const int n_msS = NT / tt, tok = tid % tt, msS = tid / tt;
+            if (msS < n_msS && tok < t.tl) {
+                const int pos = t.pos + tok;
+#pragma unroll 1
+                for (int mb = msS; mb < M; mb += n_msS * 8) {
+                    float s[8];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) s[j] = 0.0f;
+#pragma unroll(FAST ? 16 : 1)
+                    for (int cc = 0; cc < n_cch; cc++) {
+                        float kv[8];
+                        row8<FAST, T, MODE>(sb, L, fp, false, tok, cc, D, kv);
+#pragma unroll
+                        for (int j = 0; j < 8; j++) {
+                            const int m = mb + j * n_msS;
+                            if (m < M) {
+                                const float4 *qv = (const float4 *)(qsrc + m * Dp + cc * CPT);
+                                const float4 a = qv[0], b = qv[1];
+                                s[j] += a.x * kv[0] + a.y * kv[1] + a.z * kv[2] + a.w * kv[3] +
+                                        b.x * kv[4] + b.y * kv[5] + b.z * kv[6] + b.w * kv[7];
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const int m = mb + j * n_msS;
+                        if (m < M) {
+                            const int r = (m0 + m) / g, p = S.pos0 + r;
+                            bool ok = pos <= p;
+                            if (t.rmask) ok = ok && (row_uses_prequant(p, G, nq, pq) == (t.rmask == 1));
+                            ps[m * L.ttq + tok] = ok ? s[j] + ((QUANT && !fp) ? qz[m] : 0.0f) : -INFINITY;
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        // Online softmax, warp per query vector (tt <= 64: two tokens a lane).
+        for (int m = warp; m < M; m += NT / 32) {
+            float sv[2], w[2];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int tok = lane + 32 * k;
+                sv[k] = tok < t.tl ? ps[m * L.ttq + tok] : -INFINITY;
+                mx = fmaxf(mx, sv[k]);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float mold = mrun[m], mnew = fmaxf(mold, mx);
+            const float alpha = mnew == -INFINITY ? 1.0f : exp2f(mold - mnew);
+            float sum = 0.0f, pz = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int tok = lane + 32 * k;
+                w[k] = sv[k] == -INFINITY ? 0.0f : exp2f(sv[k] - mnew);
+                sum += w[k];
+                if (tok < t.tl) {
+                    float wv = w[k];
+                    if (QUANT && !fp) {
+                        float step = ldf<T>((const T *)(sb + L.o_vs) + tok);
+                        if (MODE == NB_PA_TARGET) step *= 0.0625f;
+                        pz += w[k] * ldf<T>((const T *)(sb + L.o_vz) + tok);
+                        wv = w[k] * step;
+                    }
+                    ps[m * L.ttq + tok] = wv;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                pz += __shfl_xor_sync(0xffffffffu, pz, o);
+            }
+            __syncwarp();
+            if (lane == 0) {
+                mrun[m] = mnew;
+                lrun[m] = lrun[m] * alpha + sum;
+                zacc[m] = zacc[m] * alpha + pz;
+                alph[m] = alpha;
+            }
+        }
+        __syncthreads();
+
+        // P.V into registers.
+        if (pv_on) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                if (item[k] < 0) continue;
+                const int cc = item[k] % n_cch, mb = (item[k] / n_cch) * MR;
+#pragma unroll
+                for (int a = 0; a < MR; a++) {
+                    const float al = mb + a < M ? alph[mb + a] : 1.0f;
+#pragma unroll
+                    for (int j = 0; j < CPT; j++) acc[k][a][j] *= al;
+                }
+#pragma unroll 2
+                for (int tok = ts; tok < t.tl; tok += n_ts) {
+                    float vv[8];
+                    row8<FAST, T, MODE>(sb, L, fp, true, tok, cc, D, vv);
+#pragma unroll
+                    for (int a = 0; a < MR; a++) {
+                        if (mb + a < M) {
+                            const float w = ps[(mb + a) * L.ttq + tok];
+#pragma unroll
+                            for (int j = 0; j < CPT; j++) acc[k][a][j] += w * vv[j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();
+
+    // Reduce the token slices through shared memory (the stage area is free).
+    float *red = (float *)stages; // [n_ts][M][Dp]
+    if (pv_on) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            if (item[k] < 0) continue;
+            const int cc = item[k] % n_cch, mb = (item[k] / n_cch) * MR;
+#pragma unroll
+            for (int a = 0; a < MR; a++)
+                if (mb + a < M)
+#pragma unroll
+                    for (int j = 0; j < CPT; j++)
+                        red[((size_t)ts * M + mb + a) * Dp + cc * CPT + j] = acc[k][a][j];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < M * D; i += NT) {
+        const int m = i / D, c = i - m * D;
+        float o = QUANT ? zacc[m] : 0.0f;
+        for (int s = 0; s < n_ts; s++) o += red[((size_t)s * M + m) * Dp + c];
+        const size_t pi = pidx(m);
+        if (P.n_chunks == 1) {
+            const int mg = m0 + m, r = mg / g, h = kvh * g + mg % g;
+            P.out[((size_t)(S.row_off + r) * P.n_q_heads + h) * D + c] = o / lrun[m];
+        } else {
+            P.ws_o[pi * D + c] = o;
+            if (c == 0) {
+                P.ws_ml[2 * pi] = mrun[m];
+                P.ws_ml[2 * pi + 1] = lrun[m];
+            }
+        }
+    }
+}
+
+// Log-sum-exp merge of the chunks' partials: one CTA per (q head, row, seq).
+// The chunks are split between MNT/(D/4) thread groups (float4 columns of o
+// when D % 4 == 0), so a long sequence's 100+ partials are read in a few
+// rounds of independent loads; the groups are then summed through shared
+// memory in a fixed order (deterministic).
+constexpr int MNT = 256;
+__global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
+    __shared__ float red[MNT * 4];
+    __shared__ float wmax[MNT / 32];
+    __shared__ float lgrp[MNT];
+    const int h = blockIdx.x, r = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x;
+    const nb_pa_seq S = P.seqs[seq];
+    if (r >= S.n_rows) return;
+    const int D = P.pl.D;
+    const size_t stride = (size_t)P.max_rows * P.n_q_heads;
+    const size_t base = ((size_t)seq * P.n_chunks * P.max_rows + r) * P.n_q_heads + h;
+    float mx = -INFINITY;
+    for (int c = tid; c < P.n_chunks; c += MNT) {
+        const size_t i = base + c * stride;
+        if (P.ws_ml[2 * i + 1] > 0.0f) mx = fmaxf(mx, P.ws_ml[2 * i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((tid & 31) == 0) wmax[tid >> 5] = mx;
+    __syncthreads();
+    mx = wmax[0];
+#pragma unroll
+    for (int w = 1; w < MNT / 32; w++) mx = fmaxf(mx, wmax[w]);
+
+    const int vec = (D % 4 == 0) ? 4 : 1, dv = D / vec;
+    const int ng = dv >= MNT ? 1 : MNT / dv;
+    float *out = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + h) * D;
+    float lsum = 0.0f;
+    if (vec == 4) { // D % 4 == 0: float4 columns
+        const int grp = tid / dv, d4 = tid % dv;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (grp < ng) {
+#pragma unroll 4
+            for (int c = grp; c < P.n_chunks; c += ng) {
+                const size_t i = base + c * stride;
+                const float li = P.ws_ml[2 * i + 1];
+                if (li > 0.0f) {
+                    const float f = exp2f(P.ws_ml[2 * i] - mx);
+                    const float4 v = *(const float4 *)(P.ws_o + i * D + 4 * d4);
+                    o.x = fmaf(v.x, f, o.x);
+                    o.y = fmaf(v.y, f, o.y);
+                    o.z = fmaf(v.z, f, o.z);
+                    o.w = fmaf(v.w, f, o.w);
+                    lsum = fmaf(li, f, lsum);
+                }
+            }
+            *(float4 *)(red + 4 * (grp * dv + d4)) = o;
+            if (d4 == 0) lgrp[grp] = lsum;
+        }
+    } else {
+        for (int d = tid; d < D; d += MNT) {
+            float o = 0.0f, l = 0.0f;
+            for (int c = 0; c < P.n_chunks; c++) {
+                const size_t i = base + c * stride;
+                const float li = P.ws_ml[2 * i + 1];
+                if (li > 0.0f) {
+                    const float f = exp2f(P.ws_ml[2 * i] - mx);
+                    o = fmaf(P.ws_o[i * D + d], f, o);
+                    l = fmaf(li, f, l);
+                }
+            }
+            out[d] = o / l;
+        }
+        return;
+    }
+    __syncthreads();
+    float l = 0.0f;
+    for (int g2 = 0; g2 < ng; g2++) l += lgrp[g2];
+    const float inv = 1.0f / l;
+    for (int d = tid; d < D; d += MNT) {
+        float o = 0.0f;
+        for (int g2 = 0; g2 < ng; g2++) o += red[g2 * D + d];
+        out[d] = o * inv;
+    }
+}
+
+// ---- decode kernel: few query vectors per kv head (decode, short verify) ----
+//
+// The one idea: a warp owns slices of 32 consecutive tokens of a block and
+// streams them straight from global memory, no shared-memory staging. For
+// the scores lane t owns token t of the slice (its whole K row, 16-byte
+// loads; q from shared memory, one broadcast float4 per 4 channels), so
+// no cross-lane reduction is needed; for P.V lanes split D into 8-channel
+// words (LPT lanes per token, TPS tokens per step) and read V rows with
+// coalesced 4-byte (plane) or 16-byte (FP) loads, the weights coming back
+// through a per-warp shared-memory row. The running max is warp-uniform;
+// the sums (l, the V zero term) stay per lane and are reduced once at the
+// end. The 4 warps of a CTA split the chunk's slices and merge through
+// shared memory; chunks write partials for pa_merge_kernel as before.
+constexpr int DNW = 4;            // warps per decode CTA
+constexpr int DNT = DNW * 32;
+constexpr int DEC_MMAX = 8;       // query vectors per kv head the decode kernel takes
+
+__device__ __forceinline__ uint4 ldg16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+// K rows: lanes read 16-byte pieces of 32- or 64-byte sectors that their
+// next load also touches, so let L1 keep them.
+__device__ __forceinline__ uint4 ldg16_l1(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint32_t ldg4(const void *p) {
+    uint32_t r;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 8 channels of an FP row (one 16-byte word) as floats.
+template <typename T> __device__ __forceinline__ void fpw8(const uint4 w, float v[8]) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if constexpr (std::is_same<T, __half>::value) {
+            const float2 f = __half22float2(*(const __half2 *)&ws[i]);
+            v[2 * i] = f.x;
+            v[2 * i + 1] = f.y;
+        } else {
+            v[2 * i] = __uint_as_float(ws[i] << 16);
+            v[2 * i + 1] = __uint_as_float(ws[i] & 0xFFFF0000u);
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// s[m] += dot(q[m][c0 .. c0+7], v[0..7]) with q rows of D floats in shared memory.
+template <int M, int D>
+__device__ __forceinline__ void dot8(float (&s)[M], const float *q, int c0, const float v[8]) {
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float4 a = *(const float4 *)(q + m * D + c0), b = *(const float4 *)(q + m * D + c0 + 4);
+        s[m] = fmaf(a.x, v[0], s[m]);
+        s[m] = fmaf(a.y, v[1], s[m]);
+        s[m] = fmaf(a.z, v[2], s[m]);
+        s[m] = fmaf(a.w, v[3], s[m]);
+        s[m] = fmaf(b.x, v[4], s[m]);
+        s[m] = fmaf(b.y, v[5], s[m]);
+        s[m] = fmaf(b.z, v[6], s[m]);
+        s[m] = fmaf(b.w, v[7], s[m]);
+    }
+}
+
+// M weights of one token from the warp's row (16-byte reads when M % 4 == 0).
+template <int M> __device__ __forceinline__ void ld_w(float (&w)[M], const float *p) {
+    if constexpr (M % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < M / 4; i++) {
+            const float4 v = *(const float4 *)(p + 4 * i);
+            w[4 * i] = v.x;
+            w[4 * i + 1] = v.y;
+            w[4 * i + 2] = v.z;
+            w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (M == 2) {
+        const float2 v = *(const float2 *)p;
+        w[0] = v.x;
+        w[1] = v.y;
+    } else {
+        w[0] = p[0];
+    }
+}
+
+template <int D, int M> struct dec_smem {
+    static constexpr int q = 0;                        // [M][D] q * scale * log2e
+    static constexpr int qx = q + M * D * 4;           // [DNW][M][D] q * S_c of the warp's block
+    static constexpr int w = qx + DNW * M * D * 4;     // [DNW][32][M] weights of the warp's slice
+    static constexpr int mo = w + DNW * 32 * M * 4;    // [DNW][M][D] warp partial outputs
+    static constexpr int ml = mo + DNW * M * D * 4;    // [DNW][M][2] warp (max, sum)
+    static constexpr int bytes = ml + DNW * M * 2 * 4;
+};
+
+template <int D, typename T, int MODE, int M>
+__global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
+    constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
+    constexpr bool TGT = MODE == NB_PA_TARGET;
+    constexpr int RB = D / 2;          // plane bytes per token row
+    constexpr int LPT = D / 8;         // P.V lanes per token (8 channels each)
+    constexpr int TPS = 32 / LPT;      // tokens per P.V step
+    constexpr int NSTEP = 32 / TPS;    // P.V steps per 32-token slice
+    using SM = dec_smem<D, M>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    float *qs = (float *)(smem + SM::q);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float *qx = (float *)(smem + SM::qx) + warp * M * D;
+    float *wsm = (float *)(smem + SM::w) + warp * 32 * M;
+    const int ts = lane / LPT, cp = lane % LPT;
+
+    const nb_kv_layout lay = P.lay;
+    const int G = lay.group_size, g = P.g;
+    const int chunk = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const nb_pa_seq S = P.seqs[seq];
+    const int nq = QUANT ? S.n_qblocks : 0, pq = QUANT ? (S.has_prequant != 0) : 0;
+    const int pos_end = S.pos0 + S.n_rows;
+    const int fp_span = pos_end - nq * G;
+    const int nfp = fp_span > 0 ? cdiv(fp_span, G) : 0;
+    const int nU = nq + pq + nfp;
+    const int u0 = chunk * P.upc, u1 = min(nU, u0 + P.upc);
+    const int Mt = S.n_rows * g; // <= M
+    auto pidx = [&](int m) {
+        const int r = m / g, h = kvh * g + m % g;
+        return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
+    };
+    if (u0 >= u1) {
+        for (int m = tid; m < Mt; m += DNT) {
+            P.ws_ml[2 * pidx(m)] = -INFINITY;
+            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
+        }
+        return;
+    }
+    for (int i = tid; i < M * D; i += DNT) {
+        const int m = i / D, c = i - m * D;
+        qs[i] = m < Mt ? P.q[((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c] *
+                             P.scale_log2
+                       : 0.0f;
+    }
+    __syncthreads();
+
+    float mrun[M], lsum[M], zsum[M], acc[M][8];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        mrun[m] = -INFINITY;
+        lsum[m] = 0.0f;
+        zsum[m] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[m][j] = 0.0f;
+    }
+    float qz[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) qz[m] = 0.0f;
+
+    const int spu = G / 32; // slices per unit (G % 32 == 0 on this path)
+    const int n_sl = (u1 - u0) * spu;
+    const int k0 = warp * n_sl / DNW, k1 = (warp + 1) * n_sl / DNW;
+    int cur_u = -1, blk = 0, upos = 0, ntok = 0, rmask = 0;
+    bool ufp = true;
+    const size_t es = sizeof(T);
+
+#pragma unroll 1
+    for (int k = k0; k < k1; k++) {
+        const int u = u0 + k / spu, t0 = (k % spu) * 32;
+        if (u != cur_u) { // warp-uniform
+            cur_u = u;
+            if (u < nq + pq) {
+                ufp = false;
+                blk = P.qtab[S.qblock_off + u]; // u == nq: the pre-quantized C_F1
+                upos = u * G;
+                rmask = u < nq ? 0 : 1;
+            } else {
+                const int j = u - nq - pq;
+                ufp = true;
+                blk = P.fptab[S.fpblock_off + j];
+                upos = (nq + j) * G;
+                rmask = (pq && j == 0) ? 2 : 0;
+            }
+            ntok = min(G, pos_end - upos);
+            if (QUANT && !ufp && ntok > 0) { // fold K's per-channel step into q
+                const T *ks = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_SCALE);
+                const T *kz = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_ZERO);
+                __syncwarp();
+#pragma unroll
+                for (int m = 0; m < M; m++) qz[m] = 0.0f;
+#pragma unroll
+                for (int c = lane; c < D; c += 32) {
+                    float st = ldf<T>(ks + c);
+                    if (TGT) st *= 0.0625f;
+                    const float zc = ldf<T>(kz + c);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        qx[m * D + c] = qs[m * D + c] * st;
+                        qz[m] = fmaf(qs[m * D + c], zc, qz[m]);
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < M; m++) qz[m] = warp_sum(qz[m]);
+                __syncwarp();
+            }
+        }
+        const int tl = min(32, ntok - t0);
+        if (tl <= 0) continue;
+        const bool tv = lane < tl;
+        const int pos = upos + t0 + lane;
+
+        // ---- scores: lane = token ----
+        float sc[M], sd[M]; // two chains per query vector (even / odd 8-channel words)
+#pragma unroll
+        for (int m = 0; m < M; m++) sc[m] = sd[m] = 0.0f;
+        float vstep = 1.0f, vzero = 0.0f;
+        if (QUANT && !ufp) {
+            const uint8_t *krow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 0, t0 + lane);
+            uint4 ku[RB / 16], kl[TGT ? RB / 16 : 1];
+            if (tv) {
+#pragma unroll
+                for (int i = 0; i < RB / 16; i++) ku[i] = ldg16_l1(krow + 16 * i);
+                if (TGT) {
+                    const uint8_t *lrow = P.lower + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 0, t0 + lane);
+#pragma unroll
+                    for (int i = 0; i < RB / 16; i++) kl[i] = ldg16_l1(lrow + 16 * i);
+                }
+                const T *vsp = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_V_SCALE);
+                const T *vzp = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_V_ZERO);
+                vstep = ldf<T>(vsp + t0 + lane);
+                if (TGT) vstep *= 0.0625f;
+                vzero = ldf<T>(vzp + t0 + lane);
+            } else {
+#pragma unroll
+                for (int i = 0; i < RB / 16; i++) ku[i] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int i = 0; i < (TGT ? RB / 16 : 1); i++) kl[i] = make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < RB / 16; i++) {
+                const uint32_t uw[4] = {ku[i].x, ku[i].y, ku[i].z, ku[i].w};
+                const uint32_t lw[4] = {kl[TGT ? i : 0].x, kl[TGT ? i : 0].y, kl[TGT ? i : 0].z,
+                                        kl[TGT ? i : 0].w};
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    float kv[8];
+                    if (TGT) target8(uw[w], lw[w], kv);
+                    else draft8(uw[w], kv);
+                    if (w & 1) dot8<M, D>(sd, qx, i * 32 + w * 8, kv);
+                    else dot8<M, D>(sc, qx, i * 32 + w * 8, kv);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < M; m++) sc[m] += sd[m] + qz[m];
+        } else {
+            const uint8_t *krow = P.fp + nb_kv_fp_offset(&lay, P.layer, blk, kvh, 0, t0 + lane) * es;
+            uint4 kf[D / 8];
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) kf[i] = tv ? ldg16_l1(krow + 16 * i) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) {
+                float kv[8];
+                fpw8<T>(kf[i], kv);
+                if (i & 1) dot8<M, D>(sd, qs, i * 8, kv);
+                else dot8<M, D>(sc, qs, i * 8, kv);
+            }
+#pragma unroll
+            for (int m = 0; m < M; m++) sc[m] += sd[m];
+        }
+
+        // ---- online softmax (max warp-uniform, sums per lane) ----
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            bool ok = tv && m < Mt;
+            if (ok) {
+                const int p = S.pos0 + m / g;
+                ok = pos <= p;
+                if (rmask) ok = ok && (row_uses_prequant(p, G, nq, pq) == (rmask == 1));
+            }
+            const float s = ok ? sc[m] : -INFINITY;
+            const float mnew = fmaxf(mrun[m], warp_max(s));
+            const float alpha = mnew == -INFINITY ? 1.0f : exp2f(mrun[m] - mnew);
+            const float w = ok ? exp2f(s - mnew) : 0.0f;
+            mrun[m] = mnew;
+            lsum[m] = fmaf(lsum[m], alpha, w);
+            if (QUANT) zsum[m] = fmaf(zsum[m], alpha, w * vzero);
+            wsm[lane * M + m] = w * vstep;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[m][j] *= alpha;
+        }
+        __syncwarp();
+
+        // ---- P.V: lane = (token ts of each step, channel word cp) ----
+        if (QUANT && !ufp) {
+            const uint8_t *vrow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4;
+            const uint8_t *lrow = TGT ? P.lower + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4
+                                      : nullptr;
+            uint32_t vu[NSTEP], vl[TGT ? NSTEP : 1];
+#pragma unroll
+            for (int s = 0; s < NSTEP; s++) {
+                const int tok = s * TPS + ts;
+                vu[s] = tok < tl ? ldg4(vrow + tok * RB) : 0u;
+                if (TGT) vl[s] = tok < tl ? ldg4(lrow + tok * RB) : 0u;
+            }
+#pragma unroll
+            for (int s = 0; s < NSTEP; s++) {
+                const int tok = s * TPS + ts;
+                if (tok < tl) {
+                    float v[8];
+                    if (TGT) target8(vu[s], vl[TGT ? s : 0], v);
+                    else draft8(vu[s], v);
+                    float wv[M];
+                    ld_w<M>(wv, wsm + tok * M);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
+                    }
+                }
+            }
+        } else {
+            const uint8_t *vrow = P.fp + nb_kv_fp_offset(&lay, P.layer, blk, kvh, 1, t0) * es + cp * 16;
+            uint4 vf[NSTEP];
+#pragma unroll
+            for (int s = 0; s < NSTEP; s++) {
+                const int tok = s * TPS + ts;
+                vf[s] = tok < tl ? ldg16(vrow + (size_t)tok * D * es) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int s = 0; s < NSTEP; s++) {
+                const int tok = s * TPS + ts;
+                if (tok < tl) {
+                    float v[8];
+                    fpw8<T>(vf[s], v);
+                    float wv[M];
+                    ld_w<M>(wv, wsm + tok * M);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
+                    }
+                }
+            }
+        }
+        __syncwarp();
+    }
+
+    // ---- warp reduction, then the CTA's warps merge ----
+    float *mo = (float *)(smem + SM::mo);
+    float *mlp = (float *)(smem + SM::ml);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+#pragma unroll
+        for (int o = LPT; o < 32; o <<= 1)
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], o);
+        lsum[m] = warp_sum(lsum[m]);
+        if (QUANT) zsum[m] = warp_sum(zsum[m]);
+        if (ts == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) mo[(warp * M + m) * D + cp * 8 + j] = acc[m][j] + zsum[m];
+        }
+        if (lane == 0) {
+            mlp[2 * (warp * M + m)] = mrun[m];
+            mlp[2 * (warp * M + m) + 1] = lsum[m];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < Mt * D; i += DNT) {
+        const int m = i / D, c = i - m * D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DNW; w++)
+            if (mlp[2 * (w * M + m) + 1] > 0.0f) mx = fmaxf(mx, mlp[2 * (w * M + m)]);
+        float o = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DNW; w++) {
+            const float lw = mlp[2 * (w * M + m) + 1];
+            if (lw > 0.0f) {
+                const float f = exp2f(mlp[2 * (w * M + m)] - mx);
+                o = fmaf(mo[(w * M + m) * D + c], f, o);
+                l = fmaf(lw, f, l);
+            }
+        }
+        if (P.n_chunks == 1) {
+            P.out[((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c] = o / l;
+        } else {
+            const size_t pi = pidx(m);
+            P.ws_o[pi * D + c] = o;
+            if (c == 0) {
+                P.ws_ml[2 * pi] = mx;
+                P.ws_ml[2 * pi + 1] = l;
+            }
+        }
+    }
+}
+
+template <int D, typename T, int MODE, int M> struct dec_launcher {
+    static nb_status run(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+        auto kern = pa_decode_kernel<D, T, MODE, M>;
+        const int smem = dec_smem<D, M>::bytes;
+        static int occ = 0, dev_sms = 0, dev = -1;
+        int cur;
+        if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
+        if (cur != dev) { // NOTE: cached per instantiation; re-read when the device changes
+            if (cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
+                return NB_ERR_BACKEND;
+            if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+                return NB_ERR_BACKEND;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, DNT, smem) != cudaSuccess)
+                return NB_ERR_BACKEND;
+            if (occ < 1) occ = 1;
+            dev = cur;
+        }
+        // Split-K: about two waves of CTAs, chunks of whole blocks.
+        const int G = a->lay.group_size;
+        const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+        const long base = (long)a->n_seqs * a->lay.n_kv_heads;
+        const long target = 2L * dev_sms * occ;
+        long chunks = (target + base - 1) / base;
+        if (chunks > units_max) chunks = units_max;
+        if (chunks > a->max_chunks) chunks = a->max_chunks;
+        if (chunks < 1) chunks = 1;
+        kp.upc = cdiv(units_max, (int)chunks);
+        kp.n_chunks = cdiv(units_max, kp.upc);
+        const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, D, kp.n_chunks);
+        if (kp.n_chunks > 1 && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
+        kp.ws_o = (float *)a->workspace;
+        kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
+        dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
+        kern<<<grid, DNT, smem, stream>>>(kp);
+        if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+        if (kp.n_chunks > 1) {
+            pa_merge_kernel<<<dim3(a->n_q_heads, a->max_rows, a->n_seqs), MNT, 0, stream>>>(kp);
+            if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+        }
+        return NB_OK;
+    }
+};
+
+template <int D, typename T, int M> nb_status dec_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
+    switch (a->mode) {
+    case NB_PA_DRAFT: return dec_launcher<D, T, NB_PA_DRAFT, M>::run(kp, a, s);
+    case NB_PA_TARGET: return dec_launcher<D, T, NB_PA_TARGET, M>::run(kp, a, s);
+    default: return dec_launcher<D, T, NB_PA_FP_ONLY, M>::run(kp, a, s);
+    }
+}
+template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
+    if (M_max <= 1) return dec_by_mode<D, T, 1>(kp, a, s);
+    if (M_max <= 2) return dec_by_mode<D, T, 2>(kp, a, s);
+    if (M_max <= 4) return dec_by_mode<D, T, 4>(kp, a, s);
+    return dec_by_mode<D, T, 8>(kp, a, s);
+}
+
+// Shared-memory plan for MT query vectors per CTA; smem_bytes 0 if over the limit.
+pa_plan make_plan(int D, int G, int es, int mode, bool fast, int MT) {
+    pa_plan L = {};
+    L.D = D;
+    L.Dp = (D + 7) & ~7;
+    L.G = G;
+    L.es = es;
+    L.ttq = fast ? 64 : 32;
+    L.ns = !fast ? 2 : mode == NB_PA_FP_ONLY ? 3 : 4;
+    const int planes = mode == NB_PA_TARGET ? 2 : 1;
+    if (mode == NB_PA_FP_ONLY) {
+        L.ttf = L.ttq;
+    } else { // an FP tile moves about as many bytes as a quantized one
+        L.ttf = L.ttq * planes / (2 * es);
+        if (L.ttf < 1) L.ttf = 1;
+    }
+    int q = 0;
+    if (mode != NB_PA_FP_ONLY) {
+        const int pb = a16(L.ttq * (D / 2));
+        L.o_ku = q; q += pb;
+        L.o_vu = q; q += pb;
+        if (mode == NB_PA_TARGET) {
+            L.o_kl = q; q += pb;
+            L.o_vl = q; q += pb;
+        }
+        L.o_ks = q; q += a16(D * es);
+        L.o_kz = q; q += a16(D * es);
+        L.o_vs = q; q += a16(L.ttq * es);
+        L.o_vz = q; q += a16(L.ttq * es);
+    }
+    const int fb = a16(L.ttf * D * es);
+    L.o_fk = 0;
+    L.o_fv = fb;
+    L.stage_bytes = q > 2 * fb ? q : 2 * fb;
+    L.MT = MT;
+    int stage_area = L.ns * L.stage_bytes;
+    const int red = MT * L.Dp * 4 > 128 * NT ? MT * L.Dp * 4 : 128 * NT;
+    if (red > stage_area) stage_area = red;
+    int o = 0;
+    L.off_q = o; o += a16(MT * L.Dp * 4);
+    L.off_qx = o; o += mode == NB_PA_FP_ONLY ? 0 : a16(MT * L.Dp * 4);
+    L.off_p = o; o += a16(MT * L.ttq * 4);
+    L.off_misc = o; o += a16(5 * MT_MAX * 4);
+    L.off_stage = o; o += stage_area;
+    L.smem_bytes = o;
+    return L;
+}
+
+template <int DC, typename T, int MODE> struct launcher {
+    static nb_status run(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t stream) {
+        auto kern = pa_chunk_kernel<DC, T, MODE>;
+        const pa_plan &L = kp.pl;
+        static int attr_smem = -1, occ_smem = -1, occ = 1, dev_sms = 0, dev = -1;
+        int cur;
+        if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
+        if (cur != dev) { // NOTE: cached per instantiation; re-read when the device changes
+            if (cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
+                return NB_ERR_BACKEND;
+            dev = cur;
+            attr_smem = occ_smem = -1;
+        }
+        if (L.smem_bytes > attr_smem) {
+            if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L.smem_bytes) !=
+                cudaSuccess)
+                return NB_ERR_BACKEND;
+            attr_smem = L.smem_bytes;
+        }
+        if (L.smem_bytes != occ_smem) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, NT, L.smem_bytes) != cudaSuccess)
+                return NB_ERR_BACKEND;
+            if (occ < 1) occ = 1;
+            occ_smem = L.smem_bytes;
+        }
+        // Split-K: enough CTAs for one full wave, chunks of whole blocks.
+        const int G = a->lay.group_size;
+        const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+        const long base = (long)a->n_seqs * a->lay.n_kv_heads * L.n_mtiles;
+        const long target = (long)dev_sms * occ;
+        long chunks = (target + base - 1) / base;
+        if (chunks > units_max) chunks = units_max;
+        if (chunks > a->max_chunks) chunks = a->max_chunks;
+        if (chunks < 1) chunks = 1;
+        kp.upc = cdiv(units_max, (int)chunks);
+        kp.n_chunks = cdiv(units_max, kp.upc);
+        const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, L.D, kp.n_chunks);
+        if (kp.n_chunks > 1 && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
+        kp.ws_o = (float *)a->workspace;
+        kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * L.D;
+        (void)M_max;
+        dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * L.n_mtiles), (unsigned)a->n_seqs);
+        kern<<<grid, NT, L.smem_bytes, stream>>>(kp);
+        if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+        if (kp.n_chunks > 1) {
+            pa_merge_kernel<<<dim3(a->n_q_heads, a->max_rows, a->n_seqs), MNT, 0, stream>>>(kp);
+            if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+        }
+        return NB_OK;
+    }
+};
+
+template <int DC, typename T>
+nb_status by_mode(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
+    switch (a->mode) {
+    case NB_PA_DRAFT: return launcher<DC, T, NB_PA_DRAFT>::run(kp, a, M_max, s);
+    case NB_PA_TARGET: return launcher<DC, T, NB_PA_TARGET>::run(kp, a, M_max, s);
+    default: return launcher<DC, T, NB_PA_FP_ONLY>::run(kp, a, M_max, s);
+    }
+}
+
+} // namespace
+
+extern "C" size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,
+                                       int32_t head_dim, int32_t max_chunks) {
+    if (n_seqs < 1 || max_rows < 1 || n_q_heads < 1 || head_dim < 1 || max_chunks < 1) return 0;
+    return (size_t)n_seqs * max_chunks * max_rows * n_q_heads * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
+    if (!a || !nb_kv_layout_valid(&a->lay) || a->layer < 0 || a->layer >= a->lay.n_layers)
+        return NB_ERR_INVALID_ARG;
+    if (a->mode != NB_PA_DRAFT && a->mode != NB_PA_TARGET && a->mode != NB_PA_FP_ONLY)
+        return NB_ERR_INVALID_ARG;
+    if (a->n_q_heads < 1 || a->n_q_heads % a->lay.n_kv_heads || a->n_seqs < 1 || a->n_seqs > 65535 ||
+        a->max_rows < 1 || a->max_tokens < 1 || a->max_rows > 65535 || a->max_chunks < 1 || !a->seqs ||
+        !a->q || !a->out || !a->fpblock_ids || !a->pools.fp)
+        return NB_ERR_INVALID_ARG;
+    if (a->mode != NB_PA_FP_ONLY &&
+        (!a->qblock_ids || !a->pools.upper || !a->pools.scales ||
+         (a->mode == NB_PA_TARGET && !a->pools.lower)))
+        return NB_ERR_INVALID_ARG;
+    const int D = a->lay.head_dim, G = a->lay.group_size, es = (int)nb_kv_dtype_bytes(a->lay.dtype);
+    if (D > 512) return NB_ERR_UNSUPPORTED;
+    const int g = a->n_q_heads / a->lay.n_kv_heads;
+    const bool fast = (D == 64 || D == 128) && a->lay.dtype != NB_DTYPE_F32;
+    const long M_max = (long)a->max_rows * g;
+    // Query vectors per CTA: at most 64, at most 2 P.V items a thread, within shared memory.
+    int MT = M_max < MT_MAX ? (int)M_max : MT_MAX;
+    const int n_cch = ((D + 7) & ~7) / CPT;
+    pa_plan L;
+    for (;;) {
+        L = make_plan(D, G, es, a->mode, fast, MT);
+        if (n_cch * cdiv(MT, MR) <= 2 * NT && L.smem_bytes <= SMEM_LIMIT) break;
+        if (MT == 1) return NB_ERR_UNSUPPORTED;
+        MT = (MT + 1) / 2;
+    }
+    L.n_mtiles = (int)((M_max + MT - 1) / MT);
+    if ((long)a->lay.n_kv_heads * L.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
+
+    pa_kp kp = {};
+    kp.lay = a->lay;
+    kp.upper = (const uint8_t *)a->pools.upper;
+    kp.lower = (const uint8_t *)a->pools.lower;
+    kp.scales = (const uint8_t *)a->pools.scales;
+    kp.fp = (const uint8_t *)a->pools.fp;
+    kp.layer = a->layer;
+    kp.n_q_heads = a->n_q_heads;
+    kp.g = g;
+    kp.scale_log2 = a->softmax_scale * LOG2E;
+    kp.seqs = a->seqs;
+    kp.qtab = a->qblock_ids;
+    kp.fptab = a->fpblock_ids;
+    kp.q = a->q;
+    kp.out = a->out;
+    kp.max_rows = a->max_rows;
+    kp.pl = L;
+
+    // Decode and short verify (<= 8 query vectors per kv head): the
+    // warp-per-slice kernel. pa_merge_kernel reads only kp.pl.D of the plan.
+    const bool aligned = ((uintptr_t)a->pools.fp | (uintptr_t)a->pools.upper | (uintptr_t)a->pools.lower |
+                          (uintptr_t)a->pools.scales) % 16 == 0;
+    if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
+        if (D == 128 && a->lay.dtype == NB_DTYPE_F16) return dec_by_m<128, __half>(kp, a, (int)M_max, stream);
+        if (D == 128) return dec_by_m<128, __nv_bfloat16>(kp, a, (int)M_max, stream);
+        if (a->lay.dtype == NB_DTYPE_F16) return dec_by_m<64, __half>(kp, a, (int)M_max, stream);
+        return dec_by_m<64, __nv_bfloat16>(kp, a, (int)M_max, stream);
+    }
+    if (fast && D == 128 && a->lay.dtype == NB_DTYPE_F16) return by_mode<128, __half>(kp, a, (int)M_max, stream);
+    if (fast && D == 128) return by_mode<128, __nv_bfloat16>(kp, a, (int)M_max, stream);
+    if (fast && D == 64 && a->lay.dtype == NB_DTYPE_F16) return by_mode<64, __half>(kp, a, (int)M_max, stream);
+    if (fast && D == 64) return by_mode<64, __nv_bfloat16>(kp, a, (int)M_max, stream);
+    switch (a->lay.dtype) {
+    case NB_DTYPE_F32: return by_mode<0, float>(kp, a, (int)M_max, stream);
+    case NB_DTYPE_F16: return by_mode<0, __half>(kp, a, (int)M_max, stream);
+    default: return by_mode<0, __nv_bfloat16>(kp, a, (int)M_max, stream);
+    }
+}

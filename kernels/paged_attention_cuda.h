@@ -1,0 +1,105 @@
+// paged_attention_cuda.h: paged decode / verify attention over nibbler's
+// hierarchical KV cache, for a batch of sequences at one layer (the CUDA twin
+// of nb_ref_paged_attention as the cpu backend's attend() drives it).
+//
+// The one idea: flash-decoding. Each CTA owns (sequence, kv head, chunk of
+// whole blocks) and ALL query vectors that read that kv head (rows x the
+// q heads of the GQA group), so every K/V byte is loaded from memory once per
+// (sequence, kv head, chunk); chunks write an unnormalized partial (o, max,
+// sum) and a second small kernel merges them exactly by log-sum-exp.
+// Quantized K is never dequantized element by element: with per-channel
+// (S_c, Z_c), q.k = sum_c (q_c S_c) U_tc + sum_c q_c Z_c, so the CTA folds S
+// into q once per block (S/16 and C8 = 16U + L for the target view); V's
+// per-token (S_t, Z_t) fold into the softmax weights the same way. The DRAFT
+// view never touches the lower plane (its kernel has no code that reads it).
+//
+// Two kernels share that plan. Decode and short verify (rows x GQA group
+// <= 8 query vectors per kv head, D 64 or 128, f16/bf16, G % 32 == 0,
+// 16-byte aligned pools): a warp owns 32-token slices and reads them straight
+// from global memory (K: lane = token, 16-byte loads; V: lanes split D in
+// 8-channel words), 4 warps a CTA, merged in shared memory. Everything else
+// (more query vectors, other D / G, f32): the cp.async tile kernel.
+//
+// Which positions a query row reads quantized (nb_bm_view_qblocks_for_row,
+// replicated on the device): with canonical(p) = p >= 2G ? p/G - 1 : 0, a row
+// at position p reads groups [0, nq_row) quantized where nq_row =
+// n_qblocks + 1 if has_prequant and canonical(p) > n_qblocks, else
+// n_qblocks; group n_qblocks is then the pre-quantized C_F1 (the table entry
+// after the n_qblocks ids). Positions nq_row*G .. p come from FP blocks,
+// starting at FP table index nq_row - n_qblocks.
+//
+// Pointers are DEVICE pointers unless said otherwise; nothing is allocated
+// (the caller passes the workspace); every launch goes to `stream`.
+#ifndef NB_PAGED_ATTENTION_CUDA_H
+#define NB_PAGED_ATTENTION_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kv_layout.h"
+#include "nb_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// What a call reads from quantized blocks.
+typedef enum nb_pa_mode {
+    NB_PA_DRAFT = 0,   // upper plane + scales (U*S + Z)
+    NB_PA_TARGET = 1,  // both planes + scales ((16U + L)*S/16 + Z)
+    NB_PA_FP_ONLY = 2, // unquantized cache: every position from FP blocks
+                       // (n_qblocks and has_prequant are ignored, taken as 0)
+} nb_pa_mode;
+
+// One sequence of the batch (an array of these lives in device memory).
+typedef struct nb_pa_seq {
+    int32_t qblock_off;   // index in qblock_ids of this sequence's first id
+    int32_t n_qblocks;    // quantized blocks (view.n_qblocks), positions [0, n_qblocks*G)
+    int32_t has_prequant; // 1: qblock_ids[qblock_off + n_qblocks] is the pre-quantized C_F1
+    int32_t fpblock_off;  // index in fpblock_ids of this sequence's FP table (C_F1 first)
+    int32_t n_tokens;     // tokens in the cache (committed + drafted), >= pos0 + n_rows
+    int32_t pos0;         // position of query row 0
+    int32_t n_rows;       // query rows, >= 1; row r is at pos0 + r and reads positions <= pos0 + r
+    int32_t row_off;      // index of row 0 in q and out
+} nb_pa_seq;
+
+typedef struct nb_pa_args {
+    nb_kv_layout lay;         // cache layout (D, G, dtype, pool sizes); D even
+    nb_kv_pools pools;        // device pools; lower may be NULL for DRAFT, upper/scales for FP_ONLY
+    int32_t layer;            // 0 .. n_layers-1
+    nb_pa_mode mode;
+    int32_t n_q_heads;        // a positive multiple of lay.n_kv_heads; q head h reads kv head h/(n_q_heads/n_kv_heads)
+    float softmax_scale;      // usually 1/sqrt(D)
+    int32_t n_seqs;           // >= 1
+    const nb_pa_seq *seqs;    // device [n_seqs]
+    const int32_t *qblock_ids;  // device, per sequence [n_qblocks + has_prequant] quantized block ids
+    const int32_t *fpblock_ids; // device, per sequence [ceil((pos0 + n_rows - nq_min*G)/G)] FP block ids
+    int32_t max_rows;         // host bound: n_rows <= max_rows for every sequence
+    int32_t max_tokens;       // host bound: pos0 + n_rows <= max_tokens for every sequence
+    const float *q;           // device [sum n_rows][n_q_heads][D] f32 queries
+    float *out;               // device [sum n_rows][n_q_heads][D] f32 (out), normalized
+    void *workspace;          // device, nb_pa_workspace_size(...) bytes, 16-byte aligned
+    size_t workspace_bytes;
+    int32_t max_chunks;       // the max_chunks the workspace was sized for (split-K upper bound)
+} nb_pa_args;
+
+// Bytes of workspace for batches of up to n_seqs sequences of up to max_rows
+// rows, split into at most max_chunks chunks (64 is a good value; 1 disables
+// split-K and the merge kernel).
+size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads, int32_t head_dim,
+                            int32_t max_chunks);
+
+// Runs attention for every row of every sequence of the batch at one layer.
+// Returns NB_OK (launched); NB_ERR_INVALID_ARG (invalid layout, layer, mode,
+// head counts, bounds, NULL pointer, workspace too small); NB_ERR_UNSUPPORTED
+// (D too large for the shared-memory plan, > 512); NB_ERR_BACKEND (a CUDA
+// call failed). Out-of-range block ids are a caller bug and are not checked.
+nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // NB_PAGED_ATTENTION_CUDA_H

@@ -1,0 +1,251 @@
+// bench_attention_cuda: one decode step (1 query row) of paged attention at
+// one layer, nibbler FP16 cache (FP-only mode) vs INT8 target view vs INT4
+// draft view, G=128, for Llama-2-7B (32 q / 32 kv heads x 128) and
+// Llama-3-8B (32 q / 8 kv heads x 128), batch 1 and 8, contexts 4k..128k.
+//
+// Method: random data, shuffled (non-contiguous) block tables; each timed
+// iteration is preceded by a write over a buffer of 2x the L2 size (L2
+// flushed: the cache is read cold from HBM, as in a real decode step where
+// the other layers evict it); CUDA events around the attention call only;
+// median of the timed iterations after warm-up. Bytes are what the kernel
+// must read/write: planes + scales + FP tokens + q + out. Peak bandwidth is
+// MEASURED in the same run by a device-to-device cudaMemcpy (read + write).
+// Prints a markdown table (compare_attention.py joins it with the SDPA one).
+//
+// usage: bench_attention_cuda [--quick] [--iters N]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "paged_attention_cuda.h"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+__global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = (uint8_t)h;
+    }
+}
+// Values in [lo, hi) as f16.
+__global__ void fill_half(__half *p, size_t n, float lo, float hi, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = __float2half(lo + (hi - lo) * (float)(h >> 8) * (1.0f / 16777216.0f));
+    }
+}
+
+__global__ void fill_float(float *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    int iters = 20, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    }
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+
+    // ---- measured peak: device-to-device copy, bytes read + written ----
+    const size_t copy_bytes = (size_t)1 << 30;
+    void *ca, *cb;
+    CK(cudaMalloc(&ca, copy_bytes));
+    CK(cudaMalloc(&cb, copy_bytes));
+    CK(cudaMemset(ca, 1, copy_bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ct;
+    for (int i = 0; i < 13; i++) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3) ct.push_back(ms);
+    }
+    const double peak = 2.0 * copy_bytes / (median(ct) * 1e-3) / 1e9;
+    CK(cudaFree(ca));
+    CK(cudaFree(cb));
+
+    const size_t flush_bytes = (size_t)prop.l2CacheSize * 2;
+    void *flush;
+    CK(cudaMalloc(&flush, flush_bytes));
+
+    // ---- pools sized for the largest case, one layer ----
+    const int D = 128, G = 128, Hq = 32;
+    const int ctxs_all[5] = {4096, 16384, 32768, 65536, 131072};
+    const int n_ctx = quick ? 2 : 5;
+    const int batches[2] = {1, 8};
+    const int max_ctx = ctxs_all[n_ctx - 1];
+    const int max_kvh = 32, max_b = 8;
+    const int blocks_per_seq = max_ctx / G + 2;
+    nb_kv_layout lay = {1, max_kvh, D, G, NB_DTYPE_F16, max_b * blocks_per_seq, max_b * blocks_per_seq};
+    // NOTE: the layout's n_kv_heads fixes the pool stride; the 8-kv-head model
+    // uses its own layout over the same bytes (fewer heads per block).
+    nb_kv_pools pools;
+    size_t pb = nb_kv_plane_bytes(&lay), sb = nb_kv_scales_bytes(&lay), fb = nb_kv_fp_bytes(&lay);
+    printf("<!-- device %s, %d SMs, L2 %d MB; pools: planes 2 x %.2f GB, scales %.2f GB, fp %.2f GB -->\n",
+           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, pb / 1e9, sb / 1e9, fb / 1e9);
+    CK(cudaMalloc(&pools.upper, pb));
+    CK(cudaMalloc(&pools.lower, pb));
+    CK(cudaMalloc(&pools.scales, sb));
+    CK(cudaMalloc(&pools.fp, fb));
+    fill_bytes<<<4096, 256>>>((uint8_t *)pools.upper, pb, 1u);
+    fill_bytes<<<4096, 256>>>((uint8_t *)pools.lower, pb, 2u);
+    // scales in [0.01, 0.1) and zeros in [-1, 0): the record mixes both, so
+    // fill all with small positive values, good enough for timing.
+    fill_half<<<4096, 256>>>((__half *)pools.scales, sb / 2, 0.01f, 0.1f, 3u);
+    fill_half<<<4096, 256>>>((__half *)pools.fp, fb / 2, -2.0f, 2.0f, 4u);
+    CK(cudaGetLastError());
+
+    float *dq, *dout;
+    CK(cudaMalloc(&dq, sizeof(float) * max_b * Hq * D));
+    CK(cudaMalloc(&dout, sizeof(float) * max_b * Hq * D));
+    fill_float<<<64, 256>>>(dq, (size_t)max_b * Hq * D, 5u);
+    const int max_chunks = 128;
+    size_t wsb = nb_pa_workspace_size(max_b, 1, Hq, D, max_chunks);
+    void *ws;
+    CK(cudaMalloc(&ws, wsb));
+    nb_pa_seq *dseqs;
+    int32_t *dqt, *dft;
+    CK(cudaMalloc(&dseqs, sizeof(nb_pa_seq) * max_b));
+    CK(cudaMalloc(&dqt, sizeof(int32_t) * lay.n_qblocks));
+    CK(cudaMalloc(&dft, sizeof(int32_t) * lay.n_fpblocks));
+
+    std::vector<int32_t> qperm(lay.n_qblocks), fperm(lay.n_fpblocks);
+    for (int i = 0; i < lay.n_qblocks; i++) qperm[i] = i;
+    for (int i = 0; i < lay.n_fpblocks; i++) fperm[i] = i;
+    srand(12345);
+    for (int i = lay.n_qblocks - 1; i > 0; i--) std::swap(qperm[i], qperm[rand() % (i + 1)]);
+    for (int i = lay.n_fpblocks - 1; i > 0; i--) std::swap(fperm[i], fperm[rand() % (i + 1)]);
+
+    struct model {
+        const char *name;
+        int hkv;
+    } models[2] = {{"llama2-7b", 32}, {"llama3-8b", 8}};
+    const nb_pa_mode modes[3] = {NB_PA_FP_ONLY, NB_PA_TARGET, NB_PA_DRAFT};
+    const char *mode_names[3] = {"nibbler-fp16", "nibbler-int8-target", "nibbler-int4-draft"};
+
+    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s\n\n", peak);
+    printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int mi = 0; mi < 2; mi++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int ci = 0; ci < n_ctx; ci++)
+                for (int md = 0; md < 3; md++) {
+                    const int B = batches[bi], ctx = ctxs_all[ci], hkv = models[mi].hkv;
+                    nb_kv_layout l = lay;
+                    l.n_kv_heads = hkv;
+                    // same bytes, viewed with fewer heads per block: more blocks fit
+                    l.n_qblocks = (int)((long)lay.n_qblocks * max_kvh / hkv);
+                    l.n_fpblocks = (int)((long)lay.n_fpblocks * max_kvh / hkv);
+                    std::vector<nb_pa_seq> seqs(B);
+                    std::vector<int32_t> qt, ft;
+                    double bytes = 0;
+                    for (int s = 0; s < B; s++) {
+                        nb_pa_seq &q = seqs[s];
+                        const int T = ctx, C = T - 1;
+                        q.n_qblocks = modes[md] == NB_PA_FP_ONLY ? 0 : (C >= 2 * G ? C / G - 1 : 0);
+                        q.has_prequant = 0;
+                        q.qblock_off = (int)qt.size();
+                        q.fpblock_off = (int)ft.size();
+                        q.n_tokens = T;
+                        q.pos0 = T - 1;
+                        q.n_rows = 1;
+                        q.row_off = s;
+                        int nfb = (T - q.n_qblocks * G + G - 1) / G;
+                        for (int k = 0; k < q.n_qblocks; k++) qt.push_back(qperm[s * blocks_per_seq + k]);
+                        for (int k = 0; k < nfb; k++) ft.push_back(fperm[s * blocks_per_seq + k]);
+                        const double planes = modes[md] == NB_PA_TARGET ? 2 : 1;
+                        const double qbytes = planes * 2 * G * (D / 2) + (2.0 * D + 2.0 * G) * 2;
+                        bytes += (double)hkv * (q.n_qblocks * qbytes + (double)(T - q.n_qblocks * G) * 2 * D * 2);
+                        bytes += 2.0 * Hq * D * 4; // q in, out
+                    }
+                    CK(cudaMemcpy(dseqs, seqs.data(), sizeof(nb_pa_seq) * B, cudaMemcpyHostToDevice));
+                    if (!qt.empty())
+                        CK(cudaMemcpy(dqt, qt.data(), 4 * qt.size(), cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(dft, ft.data(), 4 * ft.size(), cudaMemcpyHostToDevice));
+                    nb_pa_args a;
+                    memset(&a, 0, sizeof(a));
+                    a.lay = l;
+                    a.pools = pools;
+                    if (modes[md] == NB_PA_DRAFT) a.pools.lower = NULL;
+                    a.layer = 0;
+                    a.mode = modes[md];
+                    a.n_q_heads = Hq;
+                    a.softmax_scale = 1.0f / sqrtf((float)D);
+                    a.n_seqs = B;
+                    a.seqs = dseqs;
+                    a.qblock_ids = dqt;
+                    a.fpblock_ids = dft;
+                    a.max_rows = 1;
+                    a.max_tokens = ctx;
+                    a.q = dq;
+                    a.out = dout;
+                    a.workspace = ws;
+                    a.workspace_bytes = wsb;
+                    a.max_chunks = max_chunks;
+                    std::vector<float> t;
+                    for (int it = 0; it < iters + 3; it++) {
+                        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                        CK(cudaEventRecord(e0));
+                        nb_status st = nb_pa_attention(&a, 0);
+                        CK(cudaEventRecord(e1));
+                        if (st != NB_OK) {
+                            fprintf(stderr, "nb_pa_attention: %s\n", nb_status_str(st));
+                            return 1;
+                        }
+                        CK(cudaEventSynchronize(e1));
+                        float ms;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        if (it >= 3) t.push_back(ms);
+                    }
+                    CK(cudaGetLastError());
+                    const float ms = median(t);
+                    const double gbs = bytes / (ms * 1e-3) / 1e9;
+                    printf("| %s | %d | %d | %s | %.4f | %.1f | %.0f | %.1f |\n", models[mi].name, B, ctx,
+                           mode_names[md], ms, bytes / 1e6, gbs, 100.0 * gbs / peak);
+                    fflush(stdout);
+                }
+    return 0;
+}

@@ -1,0 +1,15 @@
+# GPU tests and benchmarks (CUDA builds only). The test exits 77 (ctest SKIP)
+# on a machine without a GPU, so CI stays green; the benchmark is an
+# executable only (tests/gpu/run runs both on a GPU machine from a bundle).
+if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
+  add_executable(test_kv_cache_cuda ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_kv_cache_cuda.cu)
+  target_link_libraries(test_kv_cache_cuda PRIVATE nb_kernels_cuda nb_kernels nb_block_manager
+                        nb_worker_core CUDA::cudart ${MATH_LIBRARY})
+  target_compile_options(test_kv_cache_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+  add_test(NAME test_kv_cache_cuda COMMAND test_kv_cache_cuda)
+  set_tests_properties(test_kv_cache_cuda PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "NB_SHARED_DIR=${NIBBLER_SHARED_DIR}" LABELS gpu)
+
+  add_executable(bench_attention_cuda ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_attention_cuda.cu)
+  target_link_libraries(bench_attention_cuda PRIVATE nb_kernels_cuda CUDA::cudart)
+endif()

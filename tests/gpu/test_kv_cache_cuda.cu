@@ -1,0 +1,610 @@
+// test_kv_cache_cuda: the CUDA KV-cache kernels against their scalar C twins.
+// (1) quantize-flush codes/scales/zeros bit-exact vs nb_kv_quantize_block
+//     (f32/f16/bf16, D 8/64/128, G 64/128, constant groups, outliers, tiny
+//     and subnormal ranges, NaN/Inf/over-range blocks rejected untouched);
+//     dequantize and copy work items bit-exact vs C.
+// (2) paged attention vs nb_ref_paged_attention driven exactly like the cpu
+//     backend's attend(): random non-contiguous tables, lengths 1, G-1, G,
+//     G+1, 2G+3, 1000 and prequant crossings, rows 1..16, GQA 1/2/4, draft,
+//     target and FP-only, unused slots poisoned with NaN, batches checked
+//     sequence by sequence.
+// (3) the same on real K/V written by the cpu engine running proxy-llama-31m
+//     (skipped when ../shared is absent).
+// Exits 77 (ctest SKIP) when no CUDA device is present.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+extern "C" {
+#include "attention_ref.h"
+#include "block_manager.h"
+#include "engine.h"
+#include "kv_quant.h"
+#include "nb_dtype.h"
+}
+#include "kv_cache_cuda.h"
+#include "paged_attention_cuda.h"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static int g_fail = 0;
+
+static const char *nb_test_shared_dir_(void) {
+    const char *d = getenv("NB_SHARED_DIR");
+    return (d && *d) ? d : "../shared";
+}
+
+// ---- random numbers (xorshift64*) ----
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd_u64(void) {
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 2685821657736338717ull;
+}
+static float rnd_unit(void) { return (float)((rnd_u64() >> 40) * (1.0 / 16777216.0)); }
+static float rnd_normal(void) {
+    float u = rnd_unit() + 1e-7f, v = rnd_unit();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+static int rnd_int(int n) { return (int)(rnd_u64() % (uint64_t)n); }
+static void shuffle(int32_t *a, int n) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = rnd_int(i + 1);
+        int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+// ---- host/device pools ----
+struct pools_hd {
+    nb_kv_layout lay;
+    nb_kv_pools h, d;
+    size_t pb, sb, fb;
+};
+static void pools_alloc(pools_hd *p, const nb_kv_layout *lay) {
+    p->lay = *lay;
+    p->pb = nb_kv_plane_bytes(lay);
+    p->sb = nb_kv_scales_bytes(lay);
+    p->fb = nb_kv_fp_bytes(lay);
+    p->h.upper = malloc(p->pb + 1);
+    p->h.lower = malloc(p->pb + 1);
+    p->h.scales = malloc(p->sb + 1);
+    p->h.fp = malloc(p->fb + 1);
+    CK(cudaMalloc(&p->d.upper, p->pb + 16));
+    CK(cudaMalloc(&p->d.lower, p->pb + 16));
+    CK(cudaMalloc(&p->d.scales, p->sb + 16));
+    CK(cudaMalloc(&p->d.fp, p->fb + 16));
+}
+static void pools_free(pools_hd *p) {
+    free(p->h.upper);
+    free(p->h.lower);
+    free(p->h.scales);
+    free(p->h.fp);
+    cudaFree(p->d.upper);
+    cudaFree(p->d.lower);
+    cudaFree(p->d.scales);
+    cudaFree(p->d.fp);
+}
+static void pools_upload(pools_hd *p) {
+    CK(cudaMemcpy(p->d.upper, p->h.upper, p->pb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p->d.lower, p->h.lower, p->pb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p->d.scales, p->h.scales, p->sb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p->d.fp, p->h.fp, p->fb, cudaMemcpyHostToDevice));
+}
+// A device array of n ints: a copy of h, or (h NULL: an output array)
+// filled with 0x7f7f7f7f so that unwritten entries show.
+static int32_t *dev_ints(const int32_t *h, int n) {
+    int32_t *d;
+    CK(cudaMalloc(&d, sizeof(int32_t) * (n > 0 ? n : 1)));
+    if (n > 0 && h) CK(cudaMemcpy(d, h, sizeof(int32_t) * n, cudaMemcpyHostToDevice));
+    else if (n > 0) CK(cudaMemset(d, 0x7f, sizeof(int32_t) * n));
+    return d;
+}
+// Compares a device buffer with a host one byte for byte; returns mismatches.
+static size_t cmp_dev(const void *d, const void *h, size_t n, const char *what) {
+    uint8_t *t = (uint8_t *)malloc(n + 1);
+    CK(cudaMemcpy(t, d, n, cudaMemcpyDeviceToHost));
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++)
+        if (t[i] != ((const uint8_t *)h)[i]) {
+            if (!bad) first = i;
+            bad++;
+        }
+    if (bad)
+        printf("  MISMATCH %s: %zu of %zu bytes differ (first at %zu: gpu %02x, c %02x)\n", what, bad,
+               n, first, t[first], ((const uint8_t *)h)[first]);
+    free(t);
+    return bad;
+}
+
+static float nan_f(void) { return nb_bits_f32(0x7fc00000u); }
+
+// Fills the [G][D] group set at element offset `at` of fp with one kind of data.
+static void fill_group(void *fp, nb_dtype dt, size_t at, int G, int D, int kind) {
+    float base = rnd_normal(), big = dt == NB_DTYPE_F16 ? 3.0e4f : 1.0e30f;
+    for (int t = 0; t < G; t++)
+        for (int c = 0; c < D; c++) {
+            float x;
+            switch (kind) {
+            case 0: x = rnd_normal(); break;                                   // normal
+            case 1: x = base; break;                                            // constant groups
+            case 2: x = rnd_normal() * (rnd_int(97) == 0 ? 300.0f : 1.0f); break; // outliers
+            case 3: x = 1.0f + 1e-3f * rnd_unit(); break;                      // tiny range
+            case 4: x = 3e-6f * rnd_normal(); break;                           // f16 subnormals
+            case 5: x = big * (2.0f * rnd_unit() - 1.0f); break;               // huge values
+            case 6: x = (float)c * 0.25f - 1.0f; break;                        // K constant, V not
+            default: x = (float)(rnd_int(7) - 3) * 0.5f; break;                // exact ties
+            }
+            nb_store_f32(fp, dt, at + (size_t)t * D + c, x);
+        }
+}
+
+// ---- (1) work items ----
+static void test_work_items(nb_dtype dt, int D, int G) {
+    nb_kv_layout lay = {2, 2, D, G, dt, 6, 9};
+    pools_hd p;
+    pools_alloc(&p, &lay);
+    memset(p.h.upper, 0xA5, p.pb);
+    memset(p.h.lower, 0x5A, p.pb);
+    for (size_t i = 0; i < p.sb; i++) ((uint8_t *)p.h.scales)[i] = (uint8_t)rnd_u64();
+    int kind = rnd_int(8);
+    for (int b = 0; b < lay.n_fpblocks; b++)
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 2; h++)
+                for (int kv = 0; kv < 2; kv++)
+                    fill_group(p.h.fp, dt, nb_kv_fp_offset(&lay, l, b, h, kv, 0), G, D, kind++ % 8);
+    // Block 5: a NaN in one group; block 6: Inf (f16) or 2^126 (over the 2^125 limit).
+    nb_store_f32(p.h.fp, dt, nb_kv_fp_offset(&lay, 1, 5, 1, 1, G - 1) + D - 1, nan_f());
+    nb_store_f32(p.h.fp, dt, nb_kv_fp_offset(&lay, 1, 6, 0, 0, G / 2) + 1,
+                 dt == NB_DTYPE_F16 ? INFINITY : 0x1p126f);
+    pools_upload(&p);
+
+    int32_t src[7] = {0, 1, 5, 2, 3, 6, 4}, dst[7] = {3, 0, 1, 5, 2, 4, 1};
+    // item 6 would write q block 1 like item 2 (rejected, so no conflict).
+    int32_t want[7], got[7];
+    for (int i = 0; i < 7; i++) want[i] = nb_kv_quantize_block(&lay, &p.h, src[i], dst[i]);
+    int32_t *ds = dev_ints(src, 7), *dd = dev_ints(dst, 7), *dst_st = dev_ints(NULL, 7);
+    nb_status st = nb_kv_cuda_quantize_blocks(&lay, &p.d, ds, dd, 7, dst_st, 0);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got, dst_st, sizeof(got), cudaMemcpyDeviceToHost));
+    size_t bad = st != NB_OK;
+    for (int i = 0; i < 7; i++)
+        if (got[i] != want[i]) {
+            printf("  item %d: status gpu %d, c %d\n", i, got[i], want[i]);
+            bad++;
+        }
+    bad += cmp_dev(p.d.upper, p.h.upper, p.pb, "quantize upper");
+    bad += cmp_dev(p.d.lower, p.h.lower, p.pb, "quantize lower");
+    bad += cmp_dev(p.d.scales, p.h.scales, p.sb, "quantize scales");
+    int nonfinite = (want[2] == NB_ERR_NON_FINITE) + (want[5] == NB_ERR_NON_FINITE);
+
+    // Dequantize (deep rollback) q -> f, then copy-on-write f -> f'.
+    int32_t qs[3] = {3, 0, 2}, fs[3] = {7, 8, 5};
+    for (int i = 0; i < 3; i++) NB_ASSERT(nb_kv_dequantize_block(&lay, &p.h, qs[i], fs[i]) == NB_OK);
+    int32_t *dq = dev_ints(qs, 3), *df = dev_ints(fs, 3);
+    if (nb_kv_cuda_dequantize_blocks(&lay, &p.d, dq, df, 3, dst_st, 0) != NB_OK) bad++;
+    CK(cudaDeviceSynchronize());
+    bad += cmp_dev(p.d.fp, p.h.fp, p.fb, "dequantize fp");
+
+    int32_t cs[4] = {7, 0, 1, 2}, cd[4] = {6, 3, 1, 4}, cn[4] = {G - 1, G, 5, 1 + G / 3};
+    for (int i = 0; i < 4; i++) NB_ASSERT(nb_kv_copy_fp_block(&lay, &p.h, cs[i], cd[i], cn[i]) == NB_OK);
+    int32_t *dcs = dev_ints(cs, 4), *dcd = dev_ints(cd, 4), *dcn = dev_ints(cn, 4);
+    if (nb_kv_cuda_copy_fp_blocks(&lay, &p.d, dcs, dcd, dcn, 4, NULL, 0) != NB_OK) bad++;
+    CK(cudaDeviceSynchronize());
+    bad += cmp_dev(p.d.fp, p.h.fp, p.fb, "copy fp");
+
+    printf("%s work items %-4s D=%-3d G=%-3d: %s (quantize 7 items, %d rejected as non-finite; "
+           "dequantize 3; copy 4)\n",
+           bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, bad ? "MISMATCH" : "bit-exact", nonfinite);
+    if (bad || nonfinite != 2) g_fail++;
+    cudaFree(ds); cudaFree(dd); cudaFree(dst_st); cudaFree(dq); cudaFree(df);
+    cudaFree(dcs); cudaFree(dcd); cudaFree(dcn);
+    pools_free(&p);
+}
+
+// ---- (2) attention ----
+
+// NOTE (tolerance): both sides compute in f32 from the same dequantized
+// values (the GPU folds scales into q and the softmax weights, sums in
+// another order and uses exp2); the outputs are convex combinations of V
+// values of magnitude ~1-5, and f32 reordering over <= 1000 positions stays
+// below ~1e-5 relative. 2e-3 + 2e-3*|ref| (the half-precision output ulp
+// class) leaves two orders of margin yet catches any wrong position, row,
+// head, scale or view. NaN never passes.
+static const float ATOL = 2e-3f, RTOL = 2e-3f;
+
+struct seq_case {
+    int T, rows, pos0, nq, pq;
+    int32_t qb[64], fb[64];
+    int nfb;
+};
+
+// Reference for one sequence, grouped by rows' quantized-group counts as the
+// cpu backend's attend() does.
+static void ref_seq(const pools_hd *p, int layer, nb_pa_mode mode, const seq_case *s, int Hq,
+                    const float *q, float *out, float scale, float *work) {
+    const nb_kv_layout *lay = &p->lay;
+    const int G = lay->group_size, D = lay->head_dim;
+    nb_bm_params bp = nb_bm_default_params();
+    bp.group_size = G;
+    bp.quantize = mode != NB_PA_FP_ONLY;
+    nb_bm_seq_view v;
+    memset(&v, 0, sizeof(v));
+    v.n_qblocks = s->nq;
+    v.qblocks = s->qb;
+    v.prequant_block = s->pq ? s->qb[s->nq] : -1;
+    v.fpblocks = s->fb;
+    v.n_fpblocks = s->nfb;
+    nb_kv_view view = mode == NB_PA_TARGET ? NB_KV_VIEW_TARGET : NB_KV_VIEW_DRAFT;
+    for (int i = 0; i < s->rows;) {
+        int32_t nq = nb_bm_view_qblocks_for_row(&bp, &v, s->pos0 + i);
+        int j = i + 1;
+        while (j < s->rows && nb_bm_view_qblocks_for_row(&bp, &v, s->pos0 + j) == nq) j++;
+        int n_fp = s->pos0 + j - nq * G;
+        nb_status st = nb_ref_paged_attention(lay, &p->h, layer, view, s->qb, nq, s->fb + (nq - s->nq),
+                                              n_fp, Hq, q + (size_t)i * Hq * D, j - i, s->pos0 + i,
+                                              scale, out + (size_t)i * Hq * D, work);
+        NB_ASSERT(st == NB_OK);
+        i = j;
+    }
+}
+
+// Compares n values; returns the number of failures and the worst error.
+static long cmp_vals(const float *ref, const float *x, size_t n, double *worst) {
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)ref[i] - (double)x[i]);
+        if (!(e <= ATOL + RTOL * fabs((double)ref[i]))) bad++;
+        if (!(e <= *worst)) *worst = isnan(e) ? INFINITY : e;
+    }
+    return bad;
+}
+
+// Runs the CUDA kernel on a batch of sequences over pools already on device.
+static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const seq_case *cs, int n,
+                          int Hq, const float *q_h, float *out_h, int total_rows, int max_chunks,
+                          float scale) {
+    const int D = p->lay.head_dim;
+    nb_pa_seq *sq = (nb_pa_seq *)calloc(n, sizeof(nb_pa_seq));
+    int nqt = 0, nft = 0, max_rows = 1, max_tok = 1, row = 0;
+    for (int i = 0; i < n; i++) {
+        nqt += cs[i].nq + cs[i].pq;
+        nft += cs[i].nfb;
+    }
+    int32_t *qt = (int32_t *)calloc(nqt + 1, 4), *ft = (int32_t *)calloc(nft + 1, 4);
+    nqt = nft = 0;
+    for (int i = 0; i < n; i++) {
+        sq[i].qblock_off = nqt;
+        sq[i].n_qblocks = cs[i].nq;
+        sq[i].has_prequant = cs[i].pq;
+        sq[i].fpblock_off = nft;
+        sq[i].n_tokens = cs[i].T;
+        sq[i].pos0 = cs[i].pos0;
+        sq[i].n_rows = cs[i].rows;
+        sq[i].row_off = row;
+        memcpy(qt + nqt, cs[i].qb, sizeof(int32_t) * (cs[i].nq + cs[i].pq));
+        memcpy(ft + nft, cs[i].fb, sizeof(int32_t) * cs[i].nfb);
+        nqt += cs[i].nq + cs[i].pq;
+        nft += cs[i].nfb;
+        row += cs[i].rows;
+        if (cs[i].rows > max_rows) max_rows = cs[i].rows;
+        if (cs[i].pos0 + cs[i].rows > max_tok) max_tok = cs[i].pos0 + cs[i].rows;
+    }
+    nb_pa_seq *dsq;
+    float *dq, *dout;
+    void *ws;
+    size_t wsb = nb_pa_workspace_size(n, max_rows, Hq, D, max_chunks);
+    CK(cudaMalloc(&dsq, sizeof(nb_pa_seq) * n));
+    CK(cudaMemcpy(dsq, sq, sizeof(nb_pa_seq) * n, cudaMemcpyHostToDevice));
+    int32_t *dqt = dev_ints(qt, nqt), *dft = dev_ints(ft, nft);
+    size_t qn = (size_t)total_rows * Hq * D;
+    CK(cudaMalloc(&dq, qn * 4));
+    CK(cudaMalloc(&dout, qn * 4));
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemcpy(dq, q_h, qn * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, qn * 4)); // NaN: every output must be written
+    nb_pa_args a;
+    memset(&a, 0, sizeof(a));
+    a.lay = p->lay;
+    a.pools = p->d;
+    if (mode == NB_PA_DRAFT) a.pools.lower = NULL; // the draft must not need it
+    a.layer = layer;
+    a.mode = mode;
+    a.n_q_heads = Hq;
+    a.softmax_scale = scale;
+    a.n_seqs = n;
+    a.seqs = dsq;
+    a.qblock_ids = dqt;
+    a.fpblock_ids = dft;
+    a.max_rows = max_rows;
+    a.max_tokens = max_tok;
+    a.q = dq;
+    a.out = dout;
+    a.workspace = ws;
+    a.workspace_bytes = wsb;
+    a.max_chunks = max_chunks;
+    nb_status st = nb_pa_attention(&a, 0);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
+    cudaFree(dsq); cudaFree(dqt); cudaFree(dft); cudaFree(dq); cudaFree(dout); cudaFree(ws);
+    free(sq); free(qt); free(ft);
+    return st;
+}
+
+static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode, int prequant,
+                           int max_chunks) {
+    const int Hkv = 2, Hq = Hkv * ratio, layer = 1;
+    int lens[] = {1, G - 1, G, G + 1, 2 * G + 3, 1000, 3 * G + 5, 4 * G + 9};
+    int rows_opt[] = {1, 16, 3, 8, 2, 16, 8, 13};
+    const int n = 8;
+    seq_case cs[8];
+    int need_q = 0, need_f = 0, total_rows = 0;
+    for (int i = 0; i < n; i++) {
+        seq_case *s = &cs[i];
+        s->T = lens[i];
+        s->rows = rows_opt[(i + ratio + mode) % 8] < s->T ? rows_opt[(i + ratio + mode) % 8] : s->T;
+        if (i == 6) s->rows = 8; // T = 3G+5: rows 3G-3 .. 3G+4 straddle the prequant switch
+        s->pos0 = s->T - s->rows;
+        if (mode == NB_PA_FP_ONLY) {
+            s->nq = 0;
+            s->pq = 0;
+        } else {
+            int C = s->pos0; // committed, flushed: G..2G-1 tokens stay FP
+            s->nq = C >= 2 * G ? C / G - 1 : 0;
+            s->pq = prequant && s->T - 1 >= (s->nq + 2) * G;
+        }
+        s->nfb = (s->T - s->nq * G + G - 1) / G;
+        need_q += s->nq + s->pq;
+        need_f += s->nfb;
+        total_rows += s->rows;
+    }
+    nb_kv_layout lay = {2, Hkv, D, G, dt, need_q + 3, need_f + 3};
+    pools_hd p;
+    pools_alloc(&p, &lay);
+    // Poison everything, then fill what the sequences own.
+    for (size_t i = 0; i < p.pb; i++) ((uint8_t *)p.h.upper)[i] = (uint8_t)rnd_u64();
+    for (size_t i = 0; i < p.pb; i++) ((uint8_t *)p.h.lower)[i] = (uint8_t)rnd_u64();
+    size_t es = nb_kv_dtype_bytes(dt);
+    for (size_t i = 0; i < p.sb / es; i++) nb_store_f32(p.h.scales, dt, i, nan_f());
+    for (size_t i = 0; i < p.fb / es; i++) nb_store_f32(p.h.fp, dt, i, nan_f());
+    int32_t *qperm = (int32_t *)malloc(4 * lay.n_qblocks), *fperm = (int32_t *)malloc(4 * lay.n_fpblocks);
+    for (int i = 0; i < lay.n_qblocks; i++) qperm[i] = i;
+    for (int i = 0; i < lay.n_fpblocks; i++) fperm[i] = i;
+    shuffle(qperm, lay.n_qblocks);
+    shuffle(fperm, lay.n_fpblocks);
+    int qi = 0, fi = 0;
+    for (int i = 0; i < n; i++) {
+        seq_case *s = &cs[i];
+        for (int k = 0; k < s->nq + s->pq; k++) {
+            int32_t b = s->qb[k] = qperm[qi++];
+            for (int l = 0; l < 2; l++)
+                for (int h = 0; h < Hkv; h++) {
+                    for (int part = 0; part < 4; part++) {
+                        int len = part < 2 ? D : G;
+                        size_t at = nb_kv_scales_offset(&lay, l, b, h, (nb_kv_scale_part)part);
+                        for (int c = 0; c < len; c++)
+                            nb_store_f32(p.h.scales, dt, at + c,
+                                         part % 2 == 0 ? 0.02f + 0.3f * rnd_unit() : -2.0f * rnd_unit());
+                    }
+                }
+        }
+        for (int j = 0; j < s->nfb; j++) {
+            int32_t b = s->fb[j] = fperm[fi++];
+            for (int t = 0; t < G; t++) {
+                if ((s->nq + j) * G + t >= s->T) break; // slots past the sequence stay NaN
+                for (int l = 0; l < 2; l++)
+                    for (int h = 0; h < Hkv; h++)
+                        for (int kv = 0; kv < 2; kv++)
+                            for (int c = 0; c < D; c++)
+                                nb_store_f32(p.h.fp, dt, nb_kv_fp_offset(&lay, l, b, h, kv, t) + c,
+                                             rnd_normal());
+            }
+        }
+    }
+    pools_upload(&p);
+
+    const float scale = 1.0f / sqrtf((float)D);
+    size_t qn = (size_t)total_rows * Hq * D;
+    float *q = (float *)malloc(qn * 4), *ref = (float *)malloc(qn * 4), *out = (float *)malloc(qn * 4);
+    for (size_t i = 0; i < qn; i++) q[i] = rnd_normal();
+    float *work = (float *)malloc(sizeof(float) * 2 * 1100 * (size_t)D + 64);
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        ref_seq(&p, layer, mode, &cs[i], Hq, q + (size_t)row * Hq * D, ref + (size_t)row * Hq * D, scale,
+                work);
+        row += cs[i].rows;
+    }
+    nb_status st = run_cuda(&p, layer, mode, cs, n, Hq, q, out, total_rows, max_chunks, scale);
+    long bad = st != NB_OK;
+    double worst = 0.0;
+    row = 0;
+    int n_pq = 0;
+    for (int i = 0; i < n; i++) {
+        size_t off = (size_t)row * Hq * D, cnt = (size_t)cs[i].rows * Hq * D;
+        double w = 0.0;
+        long b = cmp_vals(ref + off, out + off, cnt, &w);
+        if (b) printf("  seq %d (T=%d rows=%d nq=%d pq=%d): %ld of %zu values off, worst %.3g\n", i,
+                      cs[i].T, cs[i].rows, cs[i].nq, cs[i].pq, b, cnt, w);
+        if (w > worst) worst = w;
+        bad += b;
+        n_pq += cs[i].pq;
+        row += cs[i].rows;
+    }
+    const char *mname = mode == NB_PA_DRAFT ? "draft" : mode == NB_PA_TARGET ? "target" : "fp-only";
+    printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s prequant=%d chunks<=%-2d: %d seqs, "
+           "max |err| %.2e%s\n",
+           bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, n_pq, max_chunks, n, worst,
+           st != NB_OK ? " (launch failed)" : "");
+    if (bad) g_fail++;
+    free(q); free(ref); free(out); free(work); free(qperm); free(fperm);
+    pools_free(&p);
+}
+
+// ---- (3) real K/V from the cpu engine ----
+static void test_real_model(void) {
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/models/proxy-llama-31m", nb_test_shared_dir_());
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        printf("skip real K/V: %s not found (set NB_SHARED_DIR)\n", dir);
+        return;
+    }
+    char err[256];
+    nb_model *m = NULL;
+    if (nb_model_load(dir, &m, err, sizeof(err)) != NB_OK) {
+        printf("FAIL real K/V: load %s: %s\n", dir, err);
+        g_fail++;
+        return;
+    }
+    const nb_model_config *mc = nb_model_get_config(m);
+    nb_engine_params ep = nb_engine_default_params();
+    ep.quantized_cache = true;
+    ep.group_size = 64;
+    ep.max_seqs = 4;
+    ep.max_seq_len = 1024;
+    ep.prefill_chunk = 128;
+    ep.max_batch_rows = 256;
+    ep.kv_memory = (size_t)64 << 20;
+    ep.kv_dtype = NB_DTYPE_BF16;
+    nb_engine *e = nb_engine_new(m, &ep, err, sizeof(err));
+    if (!e) {
+        printf("FAIL real K/V: engine: %s\n", err);
+        g_fail++;
+        nb_model_free(&m);
+        return;
+    }
+    const int n_seq = 2, lens[2] = {300, 217};
+    int32_t seqs[2], *prompts[2], next[2];
+    nb_status sts[2];
+    nb_sampling_params sp;
+    memset(&sp, 0, sizeof(sp));
+    for (int i = 0; i < n_seq; i++) {
+        NB_ASSERT(nb_engine_seq_add(e, &sp, &seqs[i]) == NB_OK);
+        prompts[i] = (int32_t *)malloc(4 * lens[i]);
+        for (int t = 0; t < lens[i]; t++) prompts[i][t] = 1 + rnd_int(mc->vocab_size - 1);
+    }
+    NB_ASSERT(nb_engine_prefill(e, n_seq, seqs, (const int32_t *const *)prompts, lens, next, NULL, NULL,
+                                sts) == NB_OK);
+    const nb_bm_t *bm = nb_engine_block_manager(e);
+    const nb_bm_params *bp = nb_bm_params_get(bm);
+    const nb_kv_pools *hp = nb_backend_cpu_pools(nb_engine_backend(e));
+    nb_kv_layout lay = {mc->n_layers, mc->n_kv_heads, mc->head_dim, bp->group_size, NB_DTYPE_BF16,
+                        bp->n_qblocks, bp->n_fpblocks};
+    pools_hd p;
+    pools_alloc(&p, &lay);
+    memcpy(p.h.upper, hp->upper, p.pb);
+    memcpy(p.h.lower, hp->lower, p.pb);
+    memcpy(p.h.scales, hp->scales, p.sb);
+    memcpy(p.h.fp, hp->fp, p.fb);
+    pools_upload(&p);
+    const int Hq = mc->n_heads, D = mc->head_dim, G = lay.group_size;
+    seq_case cs[2];
+    int rows_opts[2] = {1, 8};
+    long bad = 0;
+    double worst = 0.0;
+    int checks = 0;
+    for (int ro = 0; ro < 2; ro++) {
+        int total_rows = 0;
+        for (int i = 0; i < n_seq; i++) {
+            nb_bm_seq_view v;
+            NB_ASSERT(nb_bm_seq_view_get(bm, seqs[i], &v) == NB_OK);
+            seq_case *s = &cs[i];
+            s->T = v.n_committed + v.n_drafted;
+            s->rows = rows_opts[ro];
+            s->pos0 = s->T - s->rows;
+            s->nq = v.n_qblocks;
+            s->pq = v.prequant_block >= 0;
+            NB_ASSERT(s->nq + s->pq <= 64 && v.n_fpblocks <= 64);
+            memcpy(s->qb, v.qblocks, 4 * s->nq);
+            if (s->pq) s->qb[s->nq] = v.prequant_block;
+            s->nfb = v.n_fpblocks;
+            memcpy(s->fb, v.fpblocks, 4 * s->nfb);
+            total_rows += s->rows;
+        }
+        size_t qn = (size_t)total_rows * Hq * D;
+        float *q = (float *)malloc(qn * 4), *ref = (float *)malloc(qn * 4), *out = (float *)malloc(qn * 4);
+        float *work = (float *)malloc(sizeof(float) * 2 * 1100 * (size_t)D);
+        for (size_t i = 0; i < qn; i++) q[i] = 2.0f * rnd_normal();
+        for (int layer = 0; layer < lay.n_layers; layer++)
+            for (int mode = 0; mode < 2; mode++) {
+                int row = 0;
+                for (int i = 0; i < n_seq; i++) {
+                    ref_seq(&p, layer, (nb_pa_mode)mode, &cs[i], Hq, q + (size_t)row * Hq * D,
+                            ref + (size_t)row * Hq * D, 1.0f / sqrtf((float)D), work);
+                    row += cs[i].rows;
+                }
+                if (run_cuda(&p, layer, (nb_pa_mode)mode, cs, n_seq, Hq, q, out, total_rows, 16,
+                             1.0f / sqrtf((float)D)) != NB_OK)
+                    bad++;
+                bad += cmp_vals(ref, out, qn, &worst);
+                checks++;
+            }
+        free(q); free(ref); free(out); free(work);
+    }
+    printf("%s attention real K/V proxy-llama-31m (bf16, D=%d, G=%d, %d q / %d kv heads, seqs of %d and "
+           "%d tokens, nq %d and %d): %d layer x view x rows checks, max |err| %.2e\n",
+           bad ? "FAIL" : "ok  ", D, G, Hq, lay.n_kv_heads, cs[0].T, cs[1].T, cs[0].nq, cs[1].nq, checks,
+           worst);
+    if (bad) g_fail++;
+    pools_free(&p);
+    for (int i = 0; i < n_seq; i++) free(prompts[i]);
+    nb_engine_destroy(&e);
+    nb_model_free(&m);
+}
+
+int main(void) {
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+
+    nb_dtype dts[3] = {NB_DTYPE_F16, NB_DTYPE_BF16, NB_DTYPE_F32};
+    int Ds[3] = {8, 64, 128}, Gs[2] = {64, 128};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 2; c++) test_work_items(dts[a], Ds[b], Gs[c]);
+    test_work_items(NB_DTYPE_F16, 6, 5); // odd G, D/2 odd: generic paths
+
+    int ratios[3] = {1, 2, 4};
+    nb_pa_mode modes[3] = {NB_PA_DRAFT, NB_PA_TARGET, NB_PA_FP_ONLY};
+    int k = 0;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 2; c++)
+                for (int r = 0; r < 3; r++)
+                    for (int md = 0; md < 3; md++) {
+                        int chunks = (k % 5 == 4) ? 1 : (k % 5 == 3) ? 3 : 64;
+                        test_attention(dts[a], Ds[b], Gs[c], ratios[r], modes[md], k % 2 == 0, chunks);
+                        k++;
+                    }
+    // f32 cache, odd head dims and group sizes: the generic paths.
+    test_attention(NB_DTYPE_F32, 64, 64, 2, NB_PA_TARGET, 1, 64);
+    test_attention(NB_DTYPE_F32, 8, 64, 4, NB_PA_FP_ONLY, 0, 64);
+    test_attention(NB_DTYPE_F16, 6, 24, 2, NB_PA_TARGET, 1, 64);
+    test_attention(NB_DTYPE_BF16, 96, 64, 4, NB_PA_DRAFT, 1, 64);
+    test_attention(NB_DTYPE_F16, 256, 64, 2, NB_PA_TARGET, 1, 64);
+    test_attention(NB_DTYPE_F16, 128, 64, 8, NB_PA_DRAFT, 1, 64); // 16 rows x 8 heads: 2 m-tiles
+
+    test_real_model();
+
+    printf("%s: %d failing groups\n", g_fail ? "FAILED" : "PASSED", g_fail);
+    return g_fail ? 1 : 0;
+}
