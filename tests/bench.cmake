@@ -9,6 +9,6 @@ target_link_libraries(bench_acceptance PRIVATE nb_worker_core nb_tokenizer PkgCo
 if(EXISTS ${NIBBLER_SHARED_DIR}/models/proxy-llama-31m)
   add_test(NAME bench_acceptance_smoke
            COMMAND bench_acceptance ${NIBBLER_SHARED_DIR}/models/proxy-llama-31m
-                   ${NIBBLER_SHARED_DIR}/data --n-prompts 1 --gen 8 --ablations both --ppl 64)
+                   ${NIBBLER_SHARED_DIR}/data --n-prompts 1 --gen 4 --ablations both --ppl 40)
   set_tests_properties(bench_acceptance_smoke PROPERTIES TIMEOUT 900)
 endif()

@@ -209,9 +209,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "  ppl pass %d: %.1f s\n", q, now_s() - t0);
             nb_engine_destroy(&e);
         }
+        for (int k = 0; k < ne; k++) free(ess[k].ids);
         printf("\n");
     }
-    if (gen <= 0) return 0;
+    if (gen <= 0) {
+        nb_tokenizer_free(&tok);
+        nb_model_free(&m);
+        return 0;
+    }
 
     prompt prs[64];
     if (n_prompts > 64) n_prompts = 64;
