@@ -13,6 +13,7 @@
 // need; the invariant available >= total reserved holds between operations.
 #include "block_manager.h"
 
+#include "nb_status.h"
 #include <jemalloc/jemalloc.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,14 +95,6 @@ struct nb_bm {
 // ---------------------------------------------------------------------------
 
 static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-static void set_err(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 int32_t nb_bm_qblocks_for_tokens(const nb_bm_params *p, int32_t n) {
     if (!p->quantize || n < 2 * p->group_size) return 0;
@@ -327,24 +320,24 @@ int32_t nb_bm_fp_blocks_per_seq_max(const nb_bm_params *p) {
 
 nb_bm_t *nb_bm_new(const nb_bm_params *p, char *err, size_t err_len) {
     if (!p) {
-        set_err(err, err_len, "block manager: NULL params");
+        nb_set_err(err, err_len, "block manager: NULL params");
         return NULL;
     }
     if (p->group_size < 1 || p->group_size > NB_BM_MAX_G) {
-        set_err(err, err_len, "block manager: group_size %d outside [1, %d]", p->group_size,
+        nb_set_err(err, err_len, "block manager: group_size %d outside [1, %d]", p->group_size,
                 NB_BM_MAX_G);
         return NULL;
     }
     if (p->n_qblocks < 0 || p->n_fpblocks < 1 || p->max_seqs < 1 || p->max_seq_len < 1 ||
         p->max_append < 1) {
-        set_err(err, err_len,
+        nb_set_err(err, err_len,
                 "block manager: need n_qblocks >= 0, n_fpblocks, max_seqs, max_seq_len, "
                 "max_append >= 1 (got %d, %d, %d, %d, %d)",
                 p->n_qblocks, p->n_fpblocks, p->max_seqs, p->max_seq_len, p->max_append);
         return NULL;
     }
     if (p->max_append > p->max_seq_len) {
-        set_err(err, err_len, "block manager: max_append %d exceeds max_seq_len %d",
+        nb_set_err(err, err_len, "block manager: max_append %d exceeds max_seq_len %d",
                 p->max_append, p->max_seq_len);
         return NULL;
     }
@@ -398,7 +391,7 @@ nb_bm_t *nb_bm_new(const nb_bm_params *p, char *err, size_t err_len) {
 out_free_bm:
     nb_bm_destroy(&bm);
 out_oom:
-    set_err(err, err_len, "block manager: out of host memory");
+    nb_set_err(err, err_len, "block manager: out of host memory");
     return NULL;
 }
 
@@ -812,7 +805,7 @@ int32_t nb_bm_fpblock_refcount(const nb_bm_t *bm, int32_t b) {
 #define CHECK_OR_FAIL(cond, ...)                                                                 \
     do {                                                                                         \
         if (!(cond)) {                                                                           \
-            set_err(err, err_len, __VA_ARGS__);                                                  \
+            nb_set_err(err, err_len, __VA_ARGS__);                                                  \
             st = NB_ERR_INTERNAL;                                                                \
             goto out_free_counts;                                                                \
         }                                                                                        \
@@ -828,7 +821,7 @@ nb_status nb_bm_check(const nb_bm_t *bm_c, char *err, size_t err_len) {
     uint8_t *qmark = calloc((size_t)(nq ? nq : 1), 1);
     uint8_t *fmark = calloc((size_t)nf, 1);
     if (!qcnt || !fcnt || !qmark || !fmark) {
-        set_err(err, err_len, "check: out of memory");
+        nb_set_err(err, err_len, "check: out of memory");
         st = NB_ERR_OUT_OF_MEMORY;
         goto out_free_counts;
     }

@@ -8,6 +8,8 @@
 #ifndef NB_STATUS_H
 #define NB_STATUS_H
 
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,6 +50,18 @@ static inline const char *nb_status_str(nb_status s) {
     case NB_ERR_INTERNAL: return "internal error";
     }
     return "unknown status";
+}
+
+// Formats a message into err[0..len); a no-op when err is NULL or len is 0.
+// The one helper every module uses to fill the caller's error buffer.
+static inline void nb_set_err(char *err, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline void nb_set_err(char *err, size_t len, const char *fmt, ...) {
+    if (!err || !len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
 }
 
 // Stays on in release builds: an invariant that fails here is a bug, and

@@ -2,19 +2,12 @@
 // nibbler wire protocol. See nb_proto.h; no ZeroMQ, no engine.
 #include "nb_proto.h"
 
+#include "nb_status.h"
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static void set_err(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 nb_proto_limits nb_proto_default_limits(uint32_t vocab_size, uint32_t max_context) {
     return (nb_proto_limits){
@@ -113,12 +106,12 @@ nb_proto_code nb_proto_request_decode(const void *data, size_t len, size_t max_l
                                       Nibbler__V1__Request **out, char *err, size_t err_len) {
     *out = NULL;
     if (len > max_len) {
-        set_err(err, err_len, "message of %zu bytes exceeds the limit of %zu bytes", len, max_len);
+        nb_set_err(err, err_len, "message of %zu bytes exceeds the limit of %zu bytes", len, max_len);
         return NIBBLER__V1__CODE__MESSAGE_TOO_LARGE;
     }
     Nibbler__V1__Request *r = nibbler__v1__request__unpack(NULL, len, data);
     if (!r) {
-        set_err(err, err_len, "%zu bytes do not decode as a nibbler.v1.Request", len);
+        nb_set_err(err, err_len, "%zu bytes do not decode as a nibbler.v1.Request", len);
         return NIBBLER__V1__CODE__MALFORMED;
     }
     *out = r;
@@ -156,18 +149,18 @@ static uint64_t id_rollback(const void *arr, size_t i) {
 static nb_proto_code check_batch(const char *cmd, const void *arr, size_t n, id_at_fn at,
                                  const nb_proto_limits *lim, char *err, size_t err_len) {
     if (n == 0) {
-        set_err(err, err_len, "%s: the batch is empty (name at least one sequence)", cmd);
+        nb_set_err(err, err_len, "%s: the batch is empty (name at least one sequence)", cmd);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
     if (n > lim->max_batch) {
-        set_err(err, err_len, "%s: %zu sequences exceed max_batch %u", cmd, n, lim->max_batch);
+        nb_set_err(err, err_len, "%s: %zu sequences exceed max_batch %u", cmd, n, lim->max_batch);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
     if (n <= 64) {
         for (size_t i = 1; i < n; i++)
             for (size_t j = 0; j < i; j++)
                 if (at(arr, i) == at(arr, j)) {
-                    set_err(err, err_len, "%s: sequence %llu is named twice", cmd,
+                    nb_set_err(err, err_len, "%s: sequence %llu is named twice", cmd,
                             (unsigned long long)at(arr, i));
                     return NIBBLER__V1__CODE__INVALID_ARGUMENT;
                 }
@@ -175,7 +168,7 @@ static nb_proto_code check_batch(const char *cmd, const void *arr, size_t n, id_
     }
     uint64_t *ids = malloc(n * sizeof(uint64_t));
     if (!ids) {
-        set_err(err, err_len, "%s: out of host memory", cmd);
+        nb_set_err(err, err_len, "%s: out of host memory", cmd);
         return NIBBLER__V1__CODE__INTERNAL;
     }
     for (size_t i = 0; i < n; i++) ids[i] = at(arr, i);
@@ -183,7 +176,7 @@ static nb_proto_code check_batch(const char *cmd, const void *arr, size_t n, id_
     nb_proto_code c = NIBBLER__V1__CODE__OK;
     for (size_t i = 1; i < n; i++)
         if (ids[i] == ids[i - 1]) {
-            set_err(err, err_len, "%s: sequence %llu is named twice", cmd,
+            nb_set_err(err, err_len, "%s: sequence %llu is named twice", cmd,
                     (unsigned long long)ids[i]);
             c = NIBBLER__V1__CODE__INVALID_ARGUMENT;
             break;
@@ -197,17 +190,17 @@ static nb_proto_code check_sampling(const char *cmd, uint64_t seq,
                                     const nb_proto_limits *lim, char *err, size_t err_len) {
     if (!sp) return NIBBLER__V1__CODE__OK;
     if (!(sp->temperature >= 0.0f) || !isfinite(sp->temperature)) {
-        set_err(err, err_len, "%s: sequence %llu: temperature %g must be finite and >= 0", cmd,
+        nb_set_err(err, err_len, "%s: sequence %llu: temperature %g must be finite and >= 0", cmd,
                 (unsigned long long)seq, (double)sp->temperature);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
     if (sp->top_k > lim->vocab_size) {
-        set_err(err, err_len, "%s: sequence %llu: top_k %u exceeds the vocabulary (%u)", cmd,
+        nb_set_err(err, err_len, "%s: sequence %llu: top_k %u exceeds the vocabulary (%u)", cmd,
                 (unsigned long long)seq, sp->top_k, lim->vocab_size);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
     if (!(sp->top_p >= 0.0f && sp->top_p <= 1.0f)) {
-        set_err(err, err_len, "%s: sequence %llu: top_p %g must be in [0, 1]", cmd,
+        nb_set_err(err, err_len, "%s: sequence %llu: top_p %g must be in [0, 1]", cmd,
                 (unsigned long long)seq, (double)sp->top_p);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
@@ -219,13 +212,13 @@ static nb_proto_code check_stop(const char *cmd, uint64_t seq, const Nibbler__V1
     if (!sc) return NIBBLER__V1__CODE__OK;
     uint32_t most = lim->max_eos_ids < NB_PROTO_MAX_EOS_IDS ? lim->max_eos_ids : NB_PROTO_MAX_EOS_IDS;
     if (sc->n_eos_ids > most) {
-        set_err(err, err_len, "%s: sequence %llu: %zu eos ids exceed the limit of %u", cmd,
+        nb_set_err(err, err_len, "%s: sequence %llu: %zu eos ids exceed the limit of %u", cmd,
                 (unsigned long long)seq, sc->n_eos_ids, most);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
     for (size_t i = 0; i < sc->n_eos_ids; i++)
         if (sc->eos_ids[i] >= lim->vocab_size) {
-            set_err(err, err_len, "%s: sequence %llu: eos id %u is outside the vocabulary (%u)",
+            nb_set_err(err, err_len, "%s: sequence %llu: eos id %u is outside the vocabulary (%u)",
                     cmd, (unsigned long long)seq, sc->eos_ids[i], lim->vocab_size);
             return NIBBLER__V1__CODE__INVALID_ARGUMENT;
         }
@@ -235,7 +228,7 @@ static nb_proto_code check_stop(const char *cmd, uint64_t seq, const Nibbler__V1
 static nb_proto_code check_gamma(const char *cmd, uint32_t gamma, const nb_proto_limits *lim,
                                  char *err, size_t err_len) {
     if (gamma < 1 || gamma > lim->max_gamma) {
-        set_err(err, err_len, "%s: gamma %u is outside 1..%u", cmd, gamma, lim->max_gamma);
+        nb_set_err(err, err_len, "%s: gamma %u is outside 1..%u", cmd, gamma, lim->max_gamma);
         return NIBBLER__V1__CODE__INVALID_ARGUMENT;
     }
     return NIBBLER__V1__CODE__OK;
@@ -251,11 +244,11 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
                                         const nb_proto_limits *lim, char *err, size_t err_len) {
     if (err && err_len) err[0] = '\0';
     if (!req || !lim) {
-        set_err(err, err_len, "no request");
+        nb_set_err(err, err_len, "no request");
         return NIBBLER__V1__CODE__INTERNAL;
     }
     if (req->protocol_version > NB_PROTO_VERSION) {
-        set_err(err, err_len, "protocol_version %u is not supported (this worker speaks %u)",
+        nb_set_err(err, err_len, "protocol_version %u is not supported (this worker speaks %u)",
                 req->protocol_version, NB_PROTO_VERSION);
         return NIBBLER__V1__CODE__UNSUPPORTED_VERSION;
     }
@@ -263,7 +256,7 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
     switch (req->command_case) {
     case NIBBLER__V1__REQUEST__COMMAND_HELLO:
         if (req->hello->protocol_version > NB_PROTO_VERSION) {
-            set_err(err, err_len, "hello: protocol_version %u is not supported (this worker speaks %u)",
+            nb_set_err(err, err_len, "hello: protocol_version %u is not supported (this worker speaks %u)",
                     req->hello->protocol_version, NB_PROTO_VERSION);
             return NIBBLER__V1__CODE__UNSUPPORTED_VERSION;
         }
@@ -283,18 +276,18 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
         for (size_t i = 0; i < c->n_items; i++) {
             const Nibbler__V1__PrefillItem *it = c->items[i];
             if (it->n_tokens == 0) {
-                set_err(err, err_len, "prefill: sequence %llu: empty prompt",
+                nb_set_err(err, err_len, "prefill: sequence %llu: empty prompt",
                         (unsigned long long)it->seq_id);
                 return NIBBLER__V1__CODE__INVALID_ARGUMENT;
             }
             if (it->n_tokens > lim->max_context) {
-                set_err(err, err_len, "prefill: sequence %llu: %zu prompt tokens exceed max_context %u",
+                nb_set_err(err, err_len, "prefill: sequence %llu: %zu prompt tokens exceed max_context %u",
                         (unsigned long long)it->seq_id, it->n_tokens, lim->max_context);
                 return NIBBLER__V1__CODE__CONTEXT_TOO_LONG;
             }
             for (size_t t = 0; t < it->n_tokens; t++)
                 if (it->tokens[t] >= lim->vocab_size) {
-                    set_err(err, err_len,
+                    nb_set_err(err, err_len,
                             "prefill: sequence %llu: token %u at position %zu is outside the vocabulary (%u)",
                             (unsigned long long)it->seq_id, it->tokens[t], t, lim->vocab_size);
                     return NIBBLER__V1__CODE__INVALID_ARGUMENT;
@@ -316,7 +309,7 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
         TRY(check_batch(cmd, req->decode->seq_ids, req->decode->n_seq_ids, id_plain, lim, err,
                         err_len));
         if (req->decode->n < 1 || req->decode->n > lim->max_decode_steps) {
-            set_err(err, err_len, "decode: n %u is outside 1..%u", req->decode->n,
+            nb_set_err(err, err_len, "decode: n %u is outside 1..%u", req->decode->n,
                     lim->max_decode_steps);
             return NIBBLER__V1__CODE__INVALID_ARGUMENT;
         }
@@ -326,7 +319,7 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
         TRY(check_batch(cmd, c->items, c->n_items, id_rollback, lim, err, err_len));
         for (size_t i = 0; i < c->n_items; i++)
             if (c->items[i]->n_tokens > lim->max_context) {
-                set_err(err, err_len, "rollback: sequence %llu: n_tokens %u exceeds max_context %u",
+                nb_set_err(err, err_len, "rollback: sequence %llu: n_tokens %u exceeds max_context %u",
                         (unsigned long long)c->items[i]->seq_id, c->items[i]->n_tokens,
                         lim->max_context);
                 return NIBBLER__V1__CODE__INVALID_ARGUMENT;
@@ -339,7 +332,7 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
     case NIBBLER__V1__REQUEST__COMMAND_FORK: {
         const Nibbler__V1__Fork *c = req->fork;
         if (c->parent_id == c->child_id) {
-            set_err(err, err_len, "fork: child_id %llu equals parent_id",
+            nb_set_err(err, err_len, "fork: child_id %llu equals parent_id",
                     (unsigned long long)c->child_id);
             return NIBBLER__V1__CODE__INVALID_ARGUMENT;
         }
@@ -352,7 +345,7 @@ nb_proto_code nb_proto_validate_request(const Nibbler__V1__Request *req,
     case NIBBLER__V1__REQUEST__COMMAND_SHUTDOWN: return NIBBLER__V1__CODE__OK;
     default: break;
     }
-    set_err(err, err_len, "request %llu names no command this worker knows (protocol version %u)",
+    nb_set_err(err, err_len, "request %llu names no command this worker knows (protocol version %u)",
             (unsigned long long)req->id, NB_PROTO_VERSION);
     return NIBBLER__V1__CODE__UNKNOWN_COMMAND;
 }

@@ -7,6 +7,7 @@
 // together (one matmul per weight), while attention runs per sequence over
 // that sequence's block table, split where rows see different numbers of
 // quantized groups (pre-quantization, block_manager.h).
+#include "nb_status.h"
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <stdarg.h>
@@ -50,14 +51,6 @@ typedef struct cpu_backend {
     int32_t *qb_tmp; // [max_seq_len/G + 2]
 } cpu_backend;
 
-static void set_err(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 // Quantizes one linear layer when a quantized copy is wanted and its input
 // width is supported; otherwise it stays in checkpoint precision only.
 static nb_status lin_init(lin *L, const nb_tensor_view *w, bool want_q, bool want_lower,
@@ -72,7 +65,7 @@ static nb_status lin_init(lin *L, const nb_tensor_view *w, bool want_q, bool wan
     size_t bytes = plane * (want_lower ? 2 : 1) + 2 * n_groups * sizeof(uint16_t);
     uint8_t *buf = malloc(bytes);
     if (!buf) {
-        set_err(err, err_len, "cpu backend: out of memory quantizing %s", w->name);
+        nb_set_err(err, err_len, "cpu backend: out of memory quantizing %s", w->name);
         return NB_ERR_OUT_OF_MEMORY;
     }
     uint8_t *upper = buf, *lower = want_lower ? buf + plane : NULL;
@@ -81,7 +74,7 @@ static nb_status lin_init(lin *L, const nb_tensor_view *w, bool want_q, bool wan
     nb_status st = nb_wq_quantize(w->data, w->dtype, L->m, L->k, upper, lower, scale, zero);
     if (st != NB_OK) {
         free(buf);
-        set_err(err, err_len, "cpu backend: cannot quantize %s: %s", w->name, nb_status_str(st));
+        nb_set_err(err, err_len, "cpu backend: cannot quantize %s: %s", w->name, nb_status_str(st));
         return st;
     }
     L->buf = buf;
@@ -220,17 +213,17 @@ static nb_status cpu_forward(nb_backend *base, const nb_fwd_batch *b, char *err,
     for (int s = 0; s < b->n_seqs; s++) {
         const nb_fwd_seq *fs = &b->seqs[s];
         if (fs->n_rows < 1 || fs->n_logits < 0 || fs->n_logits > fs->n_rows) {
-            set_err(err, err_len, "forward: sequence %d has %d rows, %d logits", s, fs->n_rows,
+            nb_set_err(err, err_len, "forward: sequence %d has %d rows, %d logits", s, fs->n_rows,
                     fs->n_logits);
             return NB_ERR_INVALID_ARG;
         }
         if (R + fs->n_rows > be->cfg.max_rows) {
-            set_err(err, err_len, "forward: more than %d rows in one pass", be->cfg.max_rows);
+            nb_set_err(err, err_len, "forward: more than %d rows in one pass", be->cfg.max_rows);
             return NB_ERR_INVALID_ARG;
         }
         for (int i = 0; i < fs->n_rows; i++) {
             if (fs->tokens[i] < 0 || fs->tokens[i] >= V) {
-                set_err(err, err_len, "forward: token id %d outside the vocabulary [0, %d)",
+                nb_set_err(err, err_len, "forward: token id %d outside the vocabulary [0, %d)",
                         fs->tokens[i], V);
                 return NB_ERR_INVALID_ARG;
             }
@@ -265,7 +258,7 @@ static nb_status cpu_forward(nb_backend *base, const nb_fwd_batch *b, char *err,
             const nb_fwd_seq *fs = &b->seqs[s];
             st = attend(be, l, view, fs, be->q + (size_t)r0 * Hq, be->att + (size_t)r0 * Hq);
             if (st != NB_OK) {
-                set_err(err, err_len, "forward: attention failed at layer %d: %s", l,
+                nb_set_err(err, err_len, "forward: attention failed at layer %d: %s", l,
                         nb_status_str(st));
                 return st;
             }
@@ -321,7 +314,7 @@ nb_status nb_backend_cpu_new(const nb_backend_config *cfg, nb_backend **out, cha
                              size_t err_len) {
     if (!cfg || !out || !cfg->model || !cfg->bm || cfg->max_rows < 1 || cfg->max_seq_len < 1 ||
         !nb_kv_layout_valid(&cfg->layout)) {
-        set_err(err, err_len, "cpu backend: invalid configuration");
+        nb_set_err(err, err_len, "cpu backend: invalid configuration");
         return NB_ERR_INVALID_ARG;
     }
     *out = NULL;
@@ -359,7 +352,7 @@ nb_status nb_backend_cpu_new(const nb_backend_config *cfg, nb_backend **out, cha
     ALLOC_OR_FAIL(be->inv_freq, mc->head_dim / 2);
     st = nb_ref_rope_inv_freq(be->inv_freq, mc->head_dim, (float)mc->rope_theta, &mc->rope_scaling);
     if (st != NB_OK) {
-        set_err(err, err_len, "cpu backend: invalid RoPE parameters");
+        nb_set_err(err, err_len, "cpu backend: invalid RoPE parameters");
         goto out_fail;
     }
 
@@ -396,12 +389,12 @@ nb_status nb_backend_cpu_new(const nb_backend_config *cfg, nb_backend **out, cha
     return NB_OK;
 
 out_oom:
-    set_err(err, err_len, "cpu backend: out of host memory");
+    nb_set_err(err, err_len, "cpu backend: out of host memory");
     st = NB_ERR_OUT_OF_MEMORY;
 out_fail:
     cpu_destroy(&be->base);
     return st;
 out_oom_early:
-    set_err(err, err_len, "cpu backend: out of host memory");
+    nb_set_err(err, err_len, "cpu backend: out of host memory");
     return NB_ERR_OUT_OF_MEMORY;
 }

@@ -8,6 +8,7 @@
 // step with its own status and its state unchanged.
 #include "engine.h"
 
+#include "nb_status.h"
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <stdarg.h>
@@ -47,14 +48,6 @@ struct nb_engine {
     int32_t *fwd_owner;  // [max_seqs] index into the command's arrays
     int32_t *cur;        // [max_seqs] current input token per active sequence
 };
-
-static void set_err(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 nb_engine_params nb_engine_default_params(void) {
     return (nb_engine_params){
@@ -106,14 +99,14 @@ static nb_status exec_work(nb_engine *e) {
 nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, char *err,
                          size_t err_len) {
     if (!model || !pin) {
-        set_err(err, err_len, "engine: NULL model or params");
+        nb_set_err(err, err_len, "engine: NULL model or params");
         return NULL;
     }
     nb_engine_params p = *pin;
     const nb_model_config *mc = nb_model_get_config(model);
     const nb_model_weights *mw = nb_model_get_weights(model);
     if (!p.backend || strcmp(p.backend, "cpu") != 0) {
-        set_err(err, err_len, "engine: backend '%s' is not available (this build has: cpu)",
+        nb_set_err(err, err_len, "engine: backend '%s' is not available (this build has: cpu)",
                 p.backend ? p.backend : "(null)");
         return NULL;
     }
@@ -122,7 +115,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         p.max_gamma > NB_ENGINE_MAX_GAMMA || p.max_gamma >= p.group_size || p.prefill_chunk < 1 ||
         p.max_batch_rows < p.prefill_chunk || p.max_batch_rows < p.max_gamma + 1 ||
         p.n_qblocks < 0 || p.n_fpblocks < 0) {
-        set_err(err, err_len,
+        nb_set_err(err, err_len,
                 "engine: invalid parameters (G %d, max_seqs %d, max_seq_len %d, max_gamma %d "
                 "(1..%d and < G), prefill_chunk %d, max_batch_rows %d (>= prefill_chunk and "
                 "> max_gamma))",
@@ -131,18 +124,18 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         return NULL;
     }
     if (mc->head_dim % 2 != 0) {
-        set_err(err, err_len, "engine: head_dim %d must be even", mc->head_dim);
+        nb_set_err(err, err_len, "engine: head_dim %d must be even", mc->head_dim);
         return NULL;
     }
     nb_dtype kv_dt = p.kv_dtype < 0 ? mw->tok_embd.dtype : (nb_dtype)p.kv_dtype;
     if (kv_dt != NB_DTYPE_F32 && kv_dt != NB_DTYPE_F16 && kv_dt != NB_DTYPE_BF16) {
-        set_err(err, err_len, "engine: kv_dtype %d is not f32, f16 or bf16", p.kv_dtype);
+        nb_set_err(err, err_len, "engine: kv_dtype %d is not f32, f16 or bf16", p.kv_dtype);
         return NULL;
     }
 
     nb_engine *e = calloc(1, sizeof(*e));
     if (!e) {
-        set_err(err, err_len, "engine: out of host memory");
+        nb_set_err(err, err_len, "engine: out of host memory");
         return NULL;
     }
     e->p = p;
@@ -175,7 +168,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         e->p = p;
     }
     if (p.n_fpblocks < 1) {
-        set_err(err, err_len, "engine: kv_memory %zu bytes holds no FP block (%zu bytes each)",
+        nb_set_err(err, err_len, "engine: kv_memory %zu bytes holds no FP block (%zu bytes each)",
                 p.kv_memory, bmp.fpblock_bytes);
         goto out_free;
     }
@@ -223,7 +216,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     e->cur = calloc((size_t)p.max_seqs, sizeof(int32_t));
     if (!e->work.items || !e->seqs || !e->logits || !e->probs || !e->work_v || !e->fwd ||
         !e->fwd_owner || !e->fwd_slot || !e->cur) {
-        set_err(err, err_len, "engine: out of host memory");
+        nb_set_err(err, err_len, "engine: out of host memory");
         goto out_free;
     }
     return e;

@@ -2,6 +2,7 @@
 // dispatch (see server.h for the model; docs/protocol.md for the rules).
 #include "server.h"
 
+#include "nb_status.h"
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
@@ -142,14 +143,6 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void set_err(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
 }
 
 nb_server_params nb_server_default_params(void) {
@@ -1029,19 +1022,19 @@ static bool endpoint_is_local(const char *ep, bool *is_tcp, char *err, size_t er
     *is_tcp = false;
     if (strncmp(ep, "ipc://", 6) == 0) {
         if (!ep[6]) {
-            set_err(err, err_len, "endpoint %s: empty ipc path", ep);
+            nb_set_err(err, err_len, "endpoint %s: empty ipc path", ep);
             return false;
         }
         return true;
     }
     if (strncmp(ep, "tcp://", 6) != 0) {
-        set_err(err, err_len, "endpoint %s: only ipc:// and tcp:// are supported", ep);
+        nb_set_err(err, err_len, "endpoint %s: only ipc:// and tcp:// are supported", ep);
         return false;
     }
     *is_tcp = true;
     const char *host = ep + 6, *colon = strrchr(host, ':');
     if (!colon || colon == host || !colon[1]) {
-        set_err(err, err_len, "endpoint %s: expected tcp://host:port", ep);
+        nb_set_err(err, err_len, "endpoint %s: expected tcp://host:port", ep);
         return false;
     }
     char h[256];
@@ -1068,7 +1061,7 @@ static char *trim(char *l) {
 static bool read_secret_key(const char *path, char key[41], char *err, size_t err_len) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        set_err(err, err_len, "--curve-secret-key %s: %s", path, strerror(errno));
+        nb_set_err(err, err_len, "--curve-secret-key %s: %s", path, strerror(errno));
         return false;
     }
     char line[256];
@@ -1084,14 +1077,14 @@ static bool read_secret_key(const char *path, char key[41], char *err, size_t er
         break;
     }
     fclose(f);
-    if (!ok) set_err(err, err_len, "--curve-secret-key %s: expected a 40-character Z85 key", path);
+    if (!ok) nb_set_err(err, err_len, "--curve-secret-key %s: expected a 40-character Z85 key", path);
     return ok;
 }
 
 static bool read_allowed(nb_server *s, const char *path, char *err, size_t err_len) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        set_err(err, err_len, "--curve-allowed-clients %s: %s", path, strerror(errno));
+        nb_set_err(err, err_len, "--curve-allowed-clients %s: %s", path, strerror(errno));
         return false;
     }
     char line[256];
@@ -1103,14 +1096,14 @@ static bool read_allowed(nb_server *s, const char *path, char *err, size_t err_l
         if (!*l || *l == '#') continue;
         uint8_t bin[32];
         if (strlen(l) != 40 || !zmq_z85_decode(bin, l)) {
-            set_err(err, err_len, "--curve-allowed-clients %s:%d: not a 40-character Z85 public key",
+            nb_set_err(err, err_len, "--curve-allowed-clients %s:%d: not a 40-character Z85 public key",
                     path, lineno);
             ok = false;
             break;
         }
         uint8_t(*na)[32] = realloc(s->allowed, (size_t)(s->n_allowed + 1) * 32);
         if (!na) {
-            set_err(err, err_len, "out of host memory");
+            nb_set_err(err, err_len, "out of host memory");
             ok = false;
             break;
         }
@@ -1119,7 +1112,7 @@ static bool read_allowed(nb_server *s, const char *path, char *err, size_t err_l
     }
     fclose(f);
     if (ok && s->n_allowed == 0) {
-        set_err(err, err_len, "--curve-allowed-clients %s lists no key: no client could connect", path);
+        nb_set_err(err, err_len, "--curve-allowed-clients %s lists no key: no client could connect", path);
         ok = false;
     }
     return ok;
@@ -1204,16 +1197,16 @@ static bool check_security(nb_server *s, char *err, size_t err_len) {
     char eerr[256] = "";
     bool local = endpoint_is_local(p->endpoint, &s->is_tcp, eerr, sizeof(eerr));
     if (eerr[0]) {
-        set_err(err, err_len, "%s", eerr);
+        nb_set_err(err, err_len, "%s", eerr);
         return false;
     }
     s->curve = p->curve_secret_key_file || p->curve_allowed_clients_file;
     if (s->curve && !(p->curve_secret_key_file && p->curve_allowed_clients_file)) {
-        set_err(err, err_len, "CURVE needs both --curve-secret-key and --curve-allowed-clients");
+        nb_set_err(err, err_len, "CURVE needs both --curve-secret-key and --curve-allowed-clients");
         return false;
     }
     if (!local && !s->curve) {
-        set_err(err, err_len,
+        nb_set_err(err, err_len,
                 "refusing to bind %s: a tcp endpoint off loopback needs CURVE keys "
                 "(--curve-secret-key and --curve-allowed-clients); bind 127.0.0.1 or ipc:// otherwise",
                 p->endpoint);
@@ -1221,7 +1214,7 @@ static bool check_security(nb_server *s, char *err, size_t err_len) {
     }
     if (s->curve) {
         if (!zmq_has("curve")) {
-            set_err(err, err_len, "this libzmq was built without CURVE support");
+            nb_set_err(err, err_len, "this libzmq was built without CURVE support");
             return false;
         }
         if (!read_secret_key(p->curve_secret_key_file, s->secret, err, err_len) ||
@@ -1238,7 +1231,7 @@ static bool setup_socket(nb_server *s, int *exit_code, char *err, size_t err_len
     *exit_code = NB_SERVER_EXIT_FAIL;
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
-        set_err(err, err_len, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        nb_set_err(err, err_len, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         return false;
     }
     if (curve) {
@@ -1249,7 +1242,7 @@ static bool setup_socket(nb_server *s, int *exit_code, char *err, size_t err_len
         int rc = pthread_create(&s->zap_thread, NULL, zap_main, s);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (rc != 0) {
-            set_err(err, err_len, "cannot start the ZAP thread");
+            nb_set_err(err, err_len, "cannot start the ZAP thread");
             return false;
         }
         s->zap_running = true;
@@ -1265,7 +1258,7 @@ static bool setup_socket(nb_server *s, int *exit_code, char *err, size_t err_len
     }
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     if (!s->sock) {
-        set_err(err, err_len, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+        nb_set_err(err, err_len, "zmq_socket: %s", zmq_strerror(zmq_errno()));
         return false;
     }
     int zero = 0, linger = 2000, hwm = 10000;
@@ -1289,7 +1282,7 @@ static bool setup_socket(nb_server *s, int *exit_code, char *err, size_t err_len
         nb_log(NB_LOG_INFO, "curve: server public key %s, %d allowed client keys", pub, s->n_allowed);
     }
     if (zmq_bind(s->sock, p->endpoint) != 0) {
-        set_err(err, err_len, "cannot bind %s: %s", p->endpoint, zmq_strerror(zmq_errno()));
+        nb_set_err(err, err_len, "cannot bind %s: %s", p->endpoint, zmq_strerror(zmq_errno()));
         return false;
     }
     return true;
@@ -1301,30 +1294,30 @@ nb_server *nb_server_new(const nb_server_params *pin, bool bind, int *exit_code,
     if (!exit_code) exit_code = &ec_dummy;
     *exit_code = NB_SERVER_EXIT_CONFIG;
     if (!pin || !pin->model || (bind && !pin->endpoint)) {
-        set_err(err, err_len, "--model and --endpoint are required");
+        nb_set_err(err, err_len, "--model and --endpoint are required");
         return NULL;
     }
     nb_server_params p = *pin;
     if (strcmp(p.backend, "cuda") == 0) {
-        set_err(err, err_len, "--backend cuda: this build has no cuda backend (use --backend cpu)");
+        nb_set_err(err, err_len, "--backend cuda: this build has no cuda backend (use --backend cpu)");
         return NULL;
     }
     if (strcmp(p.backend, "cpu") != 0) {
-        set_err(err, err_len, "--backend %s: unknown backend (cpu or cuda)", p.backend);
+        nb_set_err(err, err_len, "--backend %s: unknown backend (cpu or cuda)", p.backend);
         return NULL;
     }
     if (p.gpu_memory_utilization != 0.0) {
-        set_err(err, err_len, "--gpu-memory-utilization is only meaningful with --backend cuda; "
+        nb_set_err(err, err_len, "--gpu-memory-utilization is only meaningful with --backend cuda; "
                               "size the cpu cache with --kv-memory BYTES");
         return NULL;
     }
     if (p.max_seqs < 1 || p.max_message_bytes < 64 || p.max_message_bytes > (1u << 30)) {
-        set_err(err, err_len, "--max-seqs must be >= 1 and --max-message-bytes in 64..1 GiB");
+        nb_set_err(err, err_len, "--max-seqs must be >= 1 and --max-message-bytes in 64..1 GiB");
         return NULL;
     }
     nb_server *s = calloc(1, sizeof(*s));
     if (!s) {
-        set_err(err, err_len, "out of host memory");
+        nb_set_err(err, err_len, "out of host memory");
         *exit_code = NB_SERVER_EXIT_FAIL;
         return NULL;
     }
@@ -1408,7 +1401,7 @@ nb_server *nb_server_new(const nb_server_params *pin, bool bind, int *exit_code,
         !s->e_out || !s->e_outlp || !s->e_drafts || !s->active ||
         !grow_u32(&s->tok, &s->tok_cap, n * out_stride) ||
         !grow_f32(&s->lp, &s->lp_cap, n * out_stride)) {
-        set_err(err, err_len, "out of host memory");
+        nb_set_err(err, err_len, "out of host memory");
         goto out_free;
     }
     memset(s->map_vals, 0xff, cap * sizeof(int32_t));

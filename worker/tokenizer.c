@@ -13,6 +13,7 @@
 // with \p{L} / \p{N} / \s from a table generated from Unicode data (k_ranges).
 #include "tokenizer.h"
 
+#include "nb_status.h"
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -71,14 +72,6 @@ struct nb_tokenizer {
 
 // ---------------------------------------------------------------- helpers
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 typedef struct sbuf {
     char *p;
     size_t len, cap;
@@ -104,7 +97,7 @@ static nb_status read_whole_file(const char *path, char **out, size_t *out_len, 
     *out_len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        nb_set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         return errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO;
     }
     sbuf b = {0};
@@ -113,18 +106,18 @@ static nb_status read_whole_file(const char *path, char **out, size_t *out_len, 
     nb_status st = NB_OK;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
         if (!sbuf_put(&b, chunk, n)) {
-            set_err(err, err_len, "%s: out of memory reading the file", path);
+            nb_set_err(err, err_len, "%s: out of memory reading the file", path);
             st = NB_ERR_OUT_OF_MEMORY;
             goto out_close;
         }
     }
     if (ferror(f)) {
-        set_err(err, err_len, "%s: read error", path);
+        nb_set_err(err, err_len, "%s: read error", path);
         st = NB_ERR_IO;
         goto out_close;
     }
     if (!sbuf_put(&b, "", 1)) { // NUL for the JSON parser; not counted
-        set_err(err, err_len, "%s: out of memory reading the file", path);
+        nb_set_err(err, err_len, "%s: out of memory reading the file", path);
         st = NB_ERR_OUT_OF_MEMORY;
         goto out_close;
     }
@@ -997,19 +990,19 @@ static nb_status load_llama2c(nb_tokenizer *t, const char *path, char *err, size
     t->kind = NB_TOKENIZER_LLAMA2C;
     int32_t max_len;
     if (size < 4) {
-        set_err(err, err_len, "%s: truncated: %zu bytes, no header", path, size);
+        nb_set_err(err, err_len, "%s: truncated: %zu bytes, no header", path, size);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
     memcpy(&max_len, data, 4);
     if (max_len <= 0 || max_len > (1 << 20)) {
-        set_err(err, err_len, "%s: bad max_token_length %d", path, max_len);
+        nb_set_err(err, err_len, "%s: bad max_token_length %d", path, max_len);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
     for (size_t o = 4; o < size;) {
         if (size - o < 8) {
-            set_err(err, err_len, "%s: truncated in the record of token %d", path, n);
+            nb_set_err(err, err_len, "%s: truncated in the record of token %d", path, n);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
@@ -1019,18 +1012,18 @@ static nb_status load_llama2c(nb_tokenizer *t, const char *path, char *err, size
         memcpy(&len, data + o + 4, 4);
         o += 8;
         if (len < 0 || len > max_len) {
-            set_err(err, err_len, "%s: token %d has length %d (max_token_length %d)", path, n,
+            nb_set_err(err, err_len, "%s: token %d has length %d (max_token_length %d)", path, n,
                     len, max_len);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
         if (size - o < (size_t)len) {
-            set_err(err, err_len, "%s: truncated in the bytes of token %d", path, n);
+            nb_set_err(err, err_len, "%s: truncated in the bytes of token %d", path, n);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
         if (n >= TOK_MAX_ID) {
-            set_err(err, err_len, "%s: more than %d tokens", path, TOK_MAX_ID);
+            nb_set_err(err, err_len, "%s: more than %d tokens", path, TOK_MAX_ID);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
@@ -1051,14 +1044,14 @@ static nb_status load_llama2c(nb_tokenizer *t, const char *path, char *err, size
     // boundary is caught by the byte-token check below when it lost any of
     // ids 0..258.
     if (n < 3 + 256) {
-        set_err(err, err_len, "%s: %d tokens, fewer than the 259 that byte fallback needs "
+        nb_set_err(err, err_len, "%s: %d tokens, fewer than the 259 that byte fallback needs "
                 "(truncated?)", path, n);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
     for (int b = 0; b < 256; b++) {
         if (byte_piece_value(pieces.p + offs[b + 3], lens[b + 3]) != b) {
-            set_err(err, err_len, "%s: token %d is not the byte token <0x%02X>", path, b + 3, b);
+            nb_set_err(err, err_len, "%s: token %d is not the byte token <0x%02X>", path, b + 3, b);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
@@ -1102,7 +1095,7 @@ static nb_status load_llama2c(nb_tokenizer *t, const char *path, char *err, size
     st = NB_OK;
     goto out_free;
 out_oom:
-    set_err(err, err_len, "%s: out of memory", path);
+    nb_set_err(err, err_len, "%s: out of memory", path);
     st = NB_ERR_OUT_OF_MEMORY;
 out_free:
     free(pieces.p);
@@ -1146,19 +1139,19 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     cJSON *root = cJSON_ParseWithLength(data, size);
     t->kind = NB_TOKENIZER_HF_BPE;
     if (!root || !cJSON_IsObject(root)) {
-        set_err(err, err_len, "%s: not a JSON object (parse error)", path);
+        nb_set_err(err, err_len, "%s: not a JSON object (parse error)", path);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) {
-        set_err(err, err_len, "%s: no \"model\" object", path);
+        nb_set_err(err, err_len, "%s: no \"model\" object", path);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0)) {
-        set_err(err, err_len, "%s: model type %s is not supported (only BPE)", path,
+        nb_set_err(err, err_len, "%s: model type %s is not supported (only BPE)", path,
                 cJSON_IsString(type) ? type->valuestring : "(not a string)");
         st = NB_ERR_UNSUPPORTED;
         goto out_free;
@@ -1166,7 +1159,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges)) {
-        set_err(err, err_len, "%s: model lacks a \"vocab\" object or a \"merges\" array", path);
+        nb_set_err(err, err_len, "%s: model lacks a \"vocab\" object or a \"merges\" array", path);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
@@ -1175,26 +1168,26 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     for (size_t i = 0; i < 2; i++) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(model, k_unsupported_opts[i]);
         if (!json_is_null_or_absent(o) && !(cJSON_IsString(o) && o->valuestring[0] == 0)) {
-            set_err(err, err_len, "%s: BPE %s is not supported", path, k_unsupported_opts[i]);
+            nb_set_err(err, err_len, "%s: BPE %s is not supported", path, k_unsupported_opts[i]);
             st = NB_ERR_UNSUPPORTED;
             goto out_free;
         }
     }
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"))) {
-        set_err(err, err_len, "%s: BPE byte_fallback is not supported", path);
+        nb_set_err(err, err_len, "%s: BPE byte_fallback is not supported", path);
         st = NB_ERR_UNSUPPORTED;
         goto out_free;
     }
     t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
     if (!json_is_null_or_absent(cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) {
-        set_err(err, err_len, "%s: normalizers are not supported", path);
+        nb_set_err(err, err_len, "%s: normalizers are not supported", path);
         st = NB_ERR_UNSUPPORTED;
         goto out_free;
     }
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     const cJSON *pre_type = cJSON_GetObjectItemCaseSensitive(pre, "type");
     if (!cJSON_IsString(pre_type) || strcmp(pre_type->valuestring, "ByteLevel") != 0) {
-        set_err(err, err_len, "%s: pre_tokenizer %s is not supported (only ByteLevel)", path,
+        nb_set_err(err, err_len, "%s: pre_tokenizer %s is not supported (only ByteLevel)", path,
                 cJSON_IsString(pre_type) ? pre_type->valuestring : "(none)");
         st = NB_ERR_UNSUPPORTED;
         goto out_free;
@@ -1208,7 +1201,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     int32_t max_id = -1;
     const cJSON *added_tokens = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (added_tokens && !cJSON_IsArray(added_tokens)) {
-        set_err(err, err_len, "%s: \"added_tokens\" is not an array", path);
+        nb_set_err(err, err_len, "%s: \"added_tokens\" is not an array", path);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
@@ -1216,7 +1209,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     cJSON_ArrayForEach(it, vocab) {
         if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= TOK_MAX_ID ||
             it->valuedouble != (double)it->valueint) {
-            set_err(err, err_len, "%s: vocab entry \"%s\" has a bad id", path, it->string);
+            nb_set_err(err, err_len, "%s: vocab entry \"%s\" has a bad id", path, it->string);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
@@ -1227,14 +1220,14 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
         if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= TOK_MAX_ID ||
             !cJSON_IsString(content) || content->valuestring[0] == 0) {
-            set_err(err, err_len, "%s: an added token lacks an id or content", path);
+            nb_set_err(err, err_len, "%s: an added token lacks an id or content", path);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
         if (id->valueint > max_id) max_id = id->valueint;
     }
     if (max_id < 0) {
-        set_err(err, err_len, "%s: empty vocab", path);
+        nb_set_err(err, err_len, "%s: empty vocab", path);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
@@ -1242,7 +1235,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     cJSON_ArrayForEach(it, vocab) {
         int32_t id = it->valueint;
         if (t->flags[id] & TOK_VALID) {
-            set_err(err, err_len, "%s: vocab id %d appears twice", path, id);
+            nb_set_err(err, err_len, "%s: vocab id %d appears twice", path, id);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
@@ -1312,7 +1305,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
         size_t n = utf8_put(byte_to_cp(b), u);
         t->byte_id[b] = str_lookup(t, u, n);
         if (t->byte_id[b] < 0) {
-            set_err(err, err_len, "%s: vocab lacks the byte-level token of byte 0x%02X", path, b);
+            nb_set_err(err, err_len, "%s: vocab lacks the byte-level token of byte 0x%02X", path, b);
             st = NB_ERR_FORMAT;
             goto out_free;
         }
@@ -1320,7 +1313,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
 
     int32_t n_merges = cJSON_GetArraySize(merges);
     if (n_merges >= TOK_MAX_ID) {
-        set_err(err, err_len, "%s: too many merges (%d)", path, n_merges);
+        nb_set_err(err, err_len, "%s: too many merges (%d)", path, n_merges);
         st = NB_ERR_FORMAT;
         goto out_free;
     }
@@ -1351,7 +1344,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
         }
         int32_t im = str_lookup(t, cat.p, cat.len);
         if (ia < 0 || ib < 0 || im < 0) {
-            set_err(err, err_len, "%s: merge %d (\"%.*s\" \"%.*s\") names a token not in the vocab",
+            nb_set_err(err, err_len, "%s: merge %d (\"%.*s\" \"%.*s\") names a token not in the vocab",
                     path, rank, (int)na, a, (int)nb, b);
             free(cat.p);
             st = NB_ERR_FORMAT;
@@ -1361,7 +1354,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
         rank++;
         continue;
     bad_merge:
-        set_err(err, err_len, "%s: merge %d is neither \"a b\" nor [\"a\", \"b\"]", path, rank);
+        nb_set_err(err, err_len, "%s: merge %d is neither \"a b\" nor [\"a\", \"b\"]", path, rank);
         free(cat.p);
         st = NB_ERR_FORMAT;
         goto out_free;
@@ -1371,7 +1364,7 @@ static nb_status load_hf(nb_tokenizer *t, const char *path, char *err, size_t er
     st = NB_OK;
     goto out_free;
 out_oom:
-    set_err(err, err_len, "%s: out of memory", path);
+    nb_set_err(err, err_len, "%s: out of memory", path);
     st = NB_ERR_OUT_OF_MEMORY;
 out_free:
     cJSON_Delete(root);
@@ -1396,18 +1389,18 @@ static bool file_exists(const char *path) {
 nb_status nb_tokenizer_load(const char *dir, nb_tokenizer **out, char *err, size_t err_len) {
     if (out) *out = NULL;
     if (!dir || !out) {
-        set_err(err, err_len, "nb_tokenizer_load: NULL argument");
+        nb_set_err(err, err_len, "nb_tokenizer_load: NULL argument");
         return NB_ERR_INVALID_ARG;
     }
     size_t dl = strlen(dir);
     char *path = malloc(dl + 32);
     if (!path) {
-        set_err(err, err_len, "%s: out of memory", dir);
+        nb_set_err(err, err_len, "%s: out of memory", dir);
         return NB_ERR_OUT_OF_MEMORY;
     }
     nb_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
-        set_err(err, err_len, "%s: out of memory", dir);
+        nb_set_err(err, err_len, "%s: out of memory", dir);
         free(path);
         return NB_ERR_OUT_OF_MEMORY;
     }
@@ -1420,7 +1413,7 @@ nb_status nb_tokenizer_load(const char *dir, nb_tokenizer **out, char *err, size
         if (file_exists(path)) {
             st = load_llama2c(t, path, err, err_len);
         } else {
-            set_err(err, err_len, "%s: neither tokenizer.json nor tokenizer.bin exists", dir);
+            nb_set_err(err, err_len, "%s: neither tokenizer.json nor tokenizer.bin exists", dir);
             st = NB_ERR_NOT_FOUND;
         }
     }

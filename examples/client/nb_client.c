@@ -2,6 +2,7 @@
 // Response per call, matched by id (see nb_client.h).
 #include "nb_client.h"
 
+#include "nb_status.h"
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,36 +73,28 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-static void set_errbuf(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || !err_len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 nb_client *nb_client_new(const nb_client_params *p, char *err, size_t err_len) {
     if (err && err_len) err[0] = '\0';
     if (!p || !p->endpoint || !*p->endpoint) {
-        set_errbuf(err, err_len, "nb_client_new: no endpoint");
+        nb_set_err(err, err_len, "nb_client_new: no endpoint");
         return NULL;
     }
     int n_curve = !!p->curve_server_key + !!p->curve_public_key + !!p->curve_secret_key;
     if (n_curve != 0 && n_curve != 3) {
-        set_errbuf(err, err_len,
+        nb_set_err(err, err_len,
                    "nb_client_new: CURVE needs all of the server key and the client key pair");
         return NULL;
     }
     nb_client *c = calloc(1, sizeof *c);
     if (!c) {
-        set_errbuf(err, err_len, "nb_client_new: out of memory");
+        nb_set_err(err, err_len, "nb_client_new: out of memory");
         return NULL;
     }
     c->timeout_ms = p->timeout_ms;
     c->endpoint = dup_str(p->endpoint);
     c->client_name = dup_str(p->client_name ? p->client_name : "nb_client");
     if (!c->endpoint || !c->client_name) {
-        set_errbuf(err, err_len, "nb_client_new: out of memory");
+        nb_set_err(err, err_len, "nb_client_new: out of memory");
         goto out_free_client;
     }
     // NOTE: ids start at a random point so a worker log (or a reply to a
@@ -111,11 +104,11 @@ nb_client *nb_client_new(const nb_client_params *p, char *err, size_t err_len) {
     c->next_id = (r >> 16) + 1;
     c->next_seq = mix64(r) >> 2;
     if (!(c->ctx = zmq_ctx_new())) {
-        set_errbuf(err, err_len, "zmq_ctx_new: %s", zmq_strerror(errno));
+        nb_set_err(err, err_len, "zmq_ctx_new: %s", zmq_strerror(errno));
         goto out_free_client;
     }
     if (!(c->sock = zmq_socket(c->ctx, ZMQ_DEALER))) {
-        set_errbuf(err, err_len, "zmq_socket: %s", zmq_strerror(errno));
+        nb_set_err(err, err_len, "zmq_socket: %s", zmq_strerror(errno));
         goto out_free_ctx;
     }
     int linger = 0;
@@ -127,14 +120,14 @@ nb_client *nb_client_new(const nb_client_params *p, char *err, size_t err_len) {
         for (int i = 0; i < 3; i++) {
             if (strlen(keys[i]) != 40 ||
                 zmq_setsockopt(c->sock, opts[i], keys[i], 41) != 0) {
-                set_errbuf(err, err_len, "CURVE %s: not a 40-character Z85 key (%s)", what[i],
+                nb_set_err(err, err_len, "CURVE %s: not a 40-character Z85 key (%s)", what[i],
                            zmq_strerror(errno));
                 goto out_close_sock;
             }
         }
     }
     if (zmq_connect(c->sock, c->endpoint) != 0) {
-        set_errbuf(err, err_len, "cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
+        nb_set_err(err, err_len, "cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
         goto out_close_sock;
     }
     return c;
