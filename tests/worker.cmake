@@ -47,3 +47,16 @@ endif()
 if(TARGET bench_worker_rtt)
   target_link_libraries(bench_worker_rtt PRIVATE nb_worker_server)
 endif()
+
+# Bad command-line values: refused at start-up (exit 2) with a message that
+# names the flag. The regex is what passes the test.
+foreach(bad "group-size;0" "kv-memory;abc" "max-gamma;99" "target-weights;fp8" "kv-cache;int3"
+            "max-seqs;-4" "seed;x1")
+  list(GET bad 0 flag)
+  list(GET bad 1 value)
+  add_test(NAME worker_bad_flag_${flag}
+           COMMAND nibbler-worker --model synthetic:tiny --endpoint ipc:///tmp/nibbler-bad-flag
+                   --${flag} ${value})
+  set_tests_properties(worker_bad_flag_${flag} PROPERTIES LABELS worker TIMEOUT 30
+                       PASS_REGULAR_EXPRESSION "bad value '${value}' for --${flag}")
+endforeach()

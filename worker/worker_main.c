@@ -121,9 +121,9 @@ int main(int argc, char **argv) {
     };
     nb_server_params p = nb_server_default_params();
     bool have_kvmem = false;
-    int c;
+    int c, li = -1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((li = -1, c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         const char *a = optarg;
         bool ok = true;
         switch (c) {
@@ -177,7 +177,8 @@ int main(int argc, char **argv) {
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "nibbler-worker: bad value '%s' for %s (see --help)\n", a, argv[optind - 1]);
+            fprintf(stderr, "nibbler-worker: bad value '%s' for --%s (see --help)\n", a,
+                    li >= 0 ? opts[li].name : "?");
             return 2;
         }
     }
