@@ -9,6 +9,8 @@ set -eu
 SECS=${1:-60}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${2:-$ROOT/build-fuzz}
+# NOTE: absolute, since the fuzzer runs from inside the build directory.
+case $BUILD in /*) ;; *) BUILD=$(pwd)/$BUILD ;; esac
 command -v clang >/dev/null || { echo "run_fuzz.sh: clang not found (scripts/setup.sh installs it)" >&2; exit 2; }
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_C_COMPILER=clang -DNIBBLER_CUDA=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo \
