@@ -114,11 +114,12 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     if (p.group_size < 1 || p.max_seqs < 1 || p.max_seq_len < 2 || p.max_gamma < 1 ||
         p.max_gamma > NB_ENGINE_MAX_GAMMA || p.max_gamma >= p.group_size || p.prefill_chunk < 1 ||
         p.max_batch_rows < p.prefill_chunk || p.max_batch_rows < p.max_gamma + 1 ||
+        p.max_batch_rows < p.group_size ||
         p.n_qblocks < 0 || p.n_fpblocks < 0) {
         nb_set_err(err, err_len,
                 "engine: invalid parameters (G %d, max_seqs %d, max_seq_len %d, max_gamma %d "
-                "(1..%d and < G), prefill_chunk %d, max_batch_rows %d (>= prefill_chunk and "
-                "> max_gamma))",
+                "(1..%d and < G), prefill_chunk %d, max_batch_rows %d (>= prefill_chunk, >= G "
+                "and > max_gamma))",
                 p.group_size, p.max_seqs, p.max_seq_len, p.max_gamma, NB_ENGINE_MAX_GAMMA,
                 p.prefill_chunk, p.max_batch_rows);
         return NULL;
@@ -149,7 +150,10 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     bmp.group_size = p.group_size;
     bmp.max_seqs = p.max_seqs;
     bmp.max_seq_len = p.max_seq_len;
+    // An append adds a prefill chunk, a verify's gamma + 1 tokens, or the G
+    // tokens that follow an adopted prefix (nb_engine_prefill).
     bmp.max_append = p.prefill_chunk > p.max_gamma + 1 ? p.prefill_chunk : p.max_gamma + 1;
+    if (bmp.max_append < p.group_size) bmp.max_append = p.group_size;
     bmp.quantize = p.quantized_cache;
     bmp.prefix_cache = p.prefix_cache && p.quantized_cache;
     nb_kv_layout lay = {.n_layers = mc->n_layers, .n_kv_heads = mc->n_kv_heads,
@@ -458,11 +462,15 @@ nb_status nb_engine_prefill(nb_engine *e, int32_t n, const int32_t *seqs,
             int32_t chunk = e->p.prefill_chunk < budget ? e->p.prefill_chunk : budget;
             int32_t rest = lens[i] - done[i];
             int32_t take = rest < chunk ? rest : chunk;
-            int32_t lookup = 0;
             if (v.n_committed == 0 && done[i] == 0) {
-                // Hand the block manager the cached prefix plus one chunk.
-                lookup = nb_bm_prefix_lookup(e->bm, prompts[i], lens[i]);
-                take = lens[i] - lookup < chunk ? lens[i] : lookup + chunk;
+                // Hand the block manager the cached prefix plus what follows
+                // it: at least G tokens, since the manager keeps >= G exact
+                // tokens after an adopted prefix (so a chunk < G would let it
+                // adopt nothing).
+                int32_t G = nb_bm_params_get(e->bm)->group_size;
+                int32_t lookup = nb_bm_prefix_lookup(e->bm, prompts[i], lens[i]);
+                int32_t first = chunk > G ? chunk : G;
+                if (lookup > 0) take = lens[i] - lookup < first ? lens[i] : lookup + first;
             }
             int32_t cached = 0;
             nb_status s = nb_bm_seq_append(e->bm, seqs[i], prompts[i] + done[i], take,

@@ -212,6 +212,23 @@ static void test_fork_and_prefix(const nb_model *m) {
     nb_engine_destroy(&e);
 }
 
+// Prefix reuse with prefill chunks smaller than a group: the adopted prefix
+// and the chunk after it must still fit one append.
+static void test_prefix_small_chunks(const nb_model *m) {
+    char err[256];
+    nb_engine *e = make_engine(m, 64, NB_TARGET_WEIGHTS_MODEL, 16, err);
+    CHECKF(e, "%s", err);
+    int32_t prompt[300], a[20], b[20], ca = -1, cb = -1;
+    for (int i = 0; i < 300; i++) prompt[i] = i ? 3 + (int)(rnd() % 509) : 1;
+    int32_t s1 = prefill_decode(e, prompt, 300, 20, a, &ca);
+    nb_engine_seq_free(e, s1);
+    int32_t s2 = prefill_decode(e, prompt, 300, 20, b, &cb);
+    nb_engine_seq_free(e, s2);
+    CHECKF(ca == 0 && cb > 0 && cb % 64 == 0, "chunk 16 < G 64: cached %d then %d", ca, cb);
+    printf("prefix reuse with 16-token chunks: %d tokens cached\n", cb);
+    nb_engine_destroy(&e);
+}
+
 // Chi-square homogeneity: the first token speculative decoding emits at a
 // fixed context vs the token target-only decoding samples there, over many
 // seeds. top_k 6 keeps 6 categories (dof 5); critical value at
@@ -289,6 +306,7 @@ int main(void) {
     test_rollbacks(m, NB_TARGET_WEIGHTS_INT8, NB_TEST_SCALE(2, 1));
     test_batch_independence(m);
     test_fork_and_prefix(m);
+    test_prefix_small_chunks(m);
     test_distribution(m);
     nb_model_free(&m);
     return nb_test_finish("test_engine_semantics");
