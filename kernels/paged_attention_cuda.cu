@@ -58,6 +58,7 @@ struct pa_kp {
     const float *q;
     float *out, *ws_o, *ws_ml;
     int n_chunks, upc, max_rows;
+    int inv; // row-invariant split (nb_pa_args.fixed_chunk_groups > 0): chunks of groups, always merged
     pa_plan pl;
 };
 
@@ -745,7 +746,11 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     const int fp_span = pos_end - nq * G;
     const int nfp = fp_span > 0 ? cdiv(fp_span, G) : 0;
     const int nU = nq + pq + nfp;
-    const int u0 = chunk * P.upc, u1 = min(nU, u0 + P.upc);
+    // Unit-based split: chunk = units [u0, u1). Row-invariant split: chunk =
+    // groups [chunk*upc, (chunk+1)*upc) by POSITION, so a row's partials do
+    // not depend on nq/pq bookkeeping, pos_end or the other rows.
+    const int u0 = P.inv ? 0 : chunk * P.upc;
+    const int u1 = P.inv ? ((long)chunk * P.upc * G < pos_end ? 1 : 0) : min(nU, u0 + P.upc);
     const int Mt = S.n_rows * g; // <= M
     auto pidx = [&](int m) {
         const int r = m / g, h = kvh * g + m % g;
@@ -780,7 +785,9 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     for (int m = 0; m < M; m++) qz[m] = 0.0f;
 
     const int spu = G / 32; // slices per unit (G % 32 == 0 on this path)
-    const int n_sl = (u1 - u0) * spu;
+    // Row-invariant: the warp's slices are a fixed share of the chunk's
+    // nominal groups (independent of where the sequence ends).
+    const int n_sl = (P.inv ? P.upc : u1 - u0) * spu;
     const int k0 = warp * n_sl / DNW, k1 = (warp + 1) * n_sl / DNW;
     int cur_u = -1, blk = 0, upos = 0, ntok = 0, rmask = 0;
     bool ufp = true;
@@ -788,7 +795,19 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
 
 #pragma unroll 1
     for (int k = k0; k < k1; k++) {
-        const int u = u0 + k / spu, t0 = (k % spu) * 32;
+      const int t0 = (k % spu) * 32;
+      int ub, nrep = 1;
+      if (P.inv) { // group gi; group nq with a pre-quantized C_F1 has two sources, in a fixed order
+          const int gi = chunk * P.upc + k / spu;
+          if (gi * G >= pos_end) break;
+          ub = gi < nq ? gi : gi + pq;
+          if (pq && gi == nq) { ub = nq; nrep = 2; }
+      } else {
+          ub = u0 + k / spu;
+      }
+#pragma unroll 1
+      for (int rep = 0; rep < nrep; rep++) {
+        const int u = ub + rep;
         if (u != cur_u) { // warp-uniform
             cur_u = u;
             if (u < nq + pq) {
@@ -965,6 +984,7 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
             }
         }
         __syncwarp();
+      }
     }
 
     // ---- warp reduction, then the CTA's warps merge ----
@@ -1004,7 +1024,7 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
                 l = fmaf(lw, f, l);
             }
         }
-        if (P.n_chunks == 1) {
+        if (P.n_chunks == 1 && !P.inv) {
             P.out[((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c] = o / l;
         } else {
             const size_t pi = pidx(m);
@@ -1034,25 +1054,34 @@ template <int D, typename T, int MODE, int M> struct dec_launcher {
             if (occ < 1) occ = 1;
             dev = cur;
         }
-        // Split-K: about two waves of CTAs, chunks of whole blocks.
+        // Split-K: about two waves of CTAs, chunks of whole blocks; or, row
+        // invariant, fixed chunks of fixed_chunk_groups groups.
         const int G = a->lay.group_size;
-        const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-        const long base = (long)a->n_seqs * a->lay.n_kv_heads;
-        const long target = 2L * dev_sms * occ;
-        long chunks = (target + base - 1) / base;
-        if (chunks > units_max) chunks = units_max;
-        if (chunks > a->max_chunks) chunks = a->max_chunks;
-        if (chunks < 1) chunks = 1;
-        kp.upc = cdiv(units_max, (int)chunks);
-        kp.n_chunks = cdiv(units_max, kp.upc);
+        if (a->fixed_chunk_groups > 0) {
+            kp.inv = 1;
+            kp.upc = a->fixed_chunk_groups;
+            kp.n_chunks = cdiv(cdiv(a->max_tokens, G), kp.upc);
+            if (kp.n_chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
+        } else {
+            const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+            const long base = (long)a->n_seqs * a->lay.n_kv_heads;
+            const long target = 2L * dev_sms * occ;
+            long chunks = (target + base - 1) / base;
+            if (chunks > units_max) chunks = units_max;
+            if (chunks > a->max_chunks) chunks = a->max_chunks;
+            if (chunks < 1) chunks = 1;
+            kp.upc = cdiv(units_max, (int)chunks);
+            kp.n_chunks = cdiv(units_max, kp.upc);
+        }
         const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, D, kp.n_chunks);
-        if (kp.n_chunks > 1 && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
+        if ((kp.n_chunks > 1 || kp.inv) && (a->workspace_bytes < need || !a->workspace))
+            return NB_ERR_INVALID_ARG;
         kp.ws_o = (float *)a->workspace;
         kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
         dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
         kern<<<grid, DNT, smem, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
-        if (kp.n_chunks > 1) {
+        if (kp.n_chunks > 1 || kp.inv) {
             pa_merge_kernel<<<dim3(a->n_q_heads, a->max_rows, a->n_seqs), MNT, 0, stream>>>(kp);
             if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
         }
@@ -1244,6 +1273,9 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     // warp-per-slice kernel. pa_merge_kernel reads only kp.pl.D of the plan.
     const bool aligned = ((uintptr_t)a->pools.fp | (uintptr_t)a->pools.upper | (uintptr_t)a->pools.lower |
                           (uintptr_t)a->pools.scales) % 16 == 0;
+    if (a->fixed_chunk_groups > 0 && !(fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned))
+        return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernel only
+    if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
         if (D == 128 && a->lay.dtype == NB_DTYPE_F16) return dec_by_m<128, __half>(kp, a, (int)M_max, stream);
         if (D == 128) return dec_by_m<128, __nv_bfloat16>(kp, a, (int)M_max, stream);

@@ -83,6 +83,19 @@ typedef struct nb_pa_args {
     void *workspace;          // device, nb_pa_workspace_size(...) bytes, 16-byte aligned
     size_t workspace_bytes;
     int32_t max_chunks;       // the max_chunks the workspace was sized for (split-K upper bound)
+    // 0: split-K tuned to the batch (fastest). > 0: ROW-INVARIANT split: chunk
+    // c holds the groups [c*fixed_chunk_groups, (c+1)*fixed_chunk_groups) by
+    // position, every chunk goes through the merge, and each row's output is
+    // a function of its own query, position and cache contents only: equal,
+    // bit for bit, whatever the other rows, sequences, n_rows, pos_end or
+    // pre-quantization bookkeeping of the call. This is what makes a verify
+    // row equal the target-only decode row at the same position (greedy
+    // speculative == greedy target-only on the GPU). Needs the decode kernel
+    // (max_rows * n_q_heads/n_kv_heads <= 8, D 64/128, f16/bf16, G % 32 == 0,
+    // aligned pools; else NB_ERR_UNSUPPORTED) and ceil(ceil(max_tokens/G) /
+    // fixed_chunk_groups) <= max_chunks (else NB_ERR_INVALID_ARG). Callers
+    // split longer verify rows into several nb_pa_seq entries.
+    int32_t fixed_chunk_groups;
 } nb_pa_args;
 
 // Bytes of workspace for batches of up to n_seqs sequences of up to max_rows

@@ -226,6 +226,8 @@ static void test_work_items(nb_dtype dt, int D, int G) {
 // head, scale or view. NaN never passes.
 static const float ATOL = 2e-3f, RTOL = 2e-3f;
 
+static int g_fixed_groups = 0; // nb_pa_args.fixed_chunk_groups for run_cuda
+
 struct seq_case {
     int T, rows, pos0, nq, pq;
     int32_t qb[64], fb[64];
@@ -336,6 +338,7 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     a.workspace = ws;
     a.workspace_bytes = wsb;
     a.max_chunks = max_chunks;
+    a.fixed_chunk_groups = g_fixed_groups;
     nb_status st = nb_pa_attention(&a, 0);
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
@@ -344,8 +347,23 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     return st;
 }
 
+// Groups of quantized KV the row at position pos reads (the block manager's rule).
+static int row_nq(int G, nb_pa_mode mode, const seq_case *s, int pos) {
+    if (mode == NB_PA_FP_ONLY) return 0;
+    nb_bm_params bp = nb_bm_default_params();
+    bp.group_size = G;
+    nb_bm_seq_view v;
+    memset(&v, 0, sizeof(v));
+    v.n_qblocks = s->nq;
+    v.qblocks = s->qb;
+    v.prequant_block = s->pq ? s->qb[s->nq] : -1;
+    v.fpblocks = s->fb;
+    v.n_fpblocks = s->nfb;
+    return nb_bm_view_qblocks_for_row(&bp, &v, pos);
+}
+
 static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode, int prequant,
-                           int max_chunks) {
+                           int max_chunks, int inv_groups = 0) {
     const int Hkv = 2, Hq = Hkv * ratio, layer = 1;
     int lens[] = {1, G - 1, G, G + 1, 2 * G + 3, 1000, 3 * G + 5, 4 * G + 9};
     int rows_opt[] = {1, 16, 3, 8, 2, 16, 8, 13};
@@ -449,6 +467,55 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
            bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, n_pq, max_chunks, n, worst,
            st != NB_OK ? " (launch failed)" : "");
     if (bad) g_fail++;
+
+    // Row-invariant split: the batch as verify entries of <= 8/ratio rows
+    // (within tolerance of the reference), then every row alone as a
+    // target-only decode step would see it (one row, its own quantized-group
+    // count, no pre-quantized copy, nothing past it, batch of one): the two
+    // outputs must be EQUAL bit for bit.
+    if (inv_groups > 0) {
+        const int per = 8 / ratio;
+        seq_case *ent = (seq_case *)malloc(sizeof(seq_case) * (size_t)total_rows);
+        int ne = 0;
+        for (int i = 0; i < n; i++)
+            for (int r0 = 0; r0 < cs[i].rows; r0 += per) {
+                ent[ne] = cs[i];
+                ent[ne].pos0 = cs[i].pos0 + r0;
+                ent[ne].rows = cs[i].rows - r0 < per ? cs[i].rows - r0 : per;
+                ne++;
+            }
+        g_fixed_groups = inv_groups;
+        st = run_cuda(&p, layer, mode, ent, ne, Hq, q, out, total_rows, max_chunks, scale);
+        long ibad = st != NB_OK, neq = 0;
+        double iworst = 0.0;
+        ibad += cmp_vals(ref, out, qn, &iworst);
+        float *one = (float *)malloc((size_t)Hq * D * 4);
+        row = 0;
+        for (int i = 0; i < n && st == NB_OK; i++)
+            for (int r = 0; r < cs[i].rows; r++, row++) {
+                const seq_case *s0 = &cs[i];
+                seq_case d = *s0;
+                const int pos = s0->pos0 + r, nqr = row_nq(G, mode, s0, pos);
+                d.nq = nqr;
+                d.pq = 0;
+                d.nfb = s0->nfb - (nqr - s0->nq);
+                memcpy(d.fb, s0->fb + (nqr - s0->nq), sizeof(int32_t) * (size_t)d.nfb);
+                d.T = pos + 1;
+                d.pos0 = pos;
+                d.rows = 1;
+                nb_status s1 = run_cuda(&p, layer, mode, &d, 1, Hq, q + (size_t)row * Hq * D, one, 1,
+                                        max_chunks, scale);
+                if (s1 != NB_OK || memcmp(one, out + (size_t)row * Hq * D, (size_t)Hq * D * 4) != 0) neq++;
+            }
+        g_fixed_groups = 0;
+        printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s row-invariant (chunk %d groups): %d entries, "
+               "max |err| %.2e, %ld of %d rows differ from their one-row decode%s\n",
+               ibad || neq ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, inv_groups, ne,
+               iworst, neq, total_rows, st != NB_OK ? " (launch failed)" : "");
+        if (ibad || neq) g_fail++;
+        free(one);
+        free(ent);
+    }
     free(q); free(ref); free(out); free(work); free(qperm); free(fperm);
     pools_free(&p);
 }
@@ -602,6 +669,14 @@ int main(void) {
     test_attention(NB_DTYPE_BF16, 96, 64, 4, NB_PA_DRAFT, 1, 64);
     test_attention(NB_DTYPE_F16, 256, 64, 2, NB_PA_TARGET, 1, 64);
     test_attention(NB_DTYPE_F16, 128, 64, 8, NB_PA_DRAFT, 1, 64); // 16 rows x 8 heads: 2 m-tiles
+
+    // Row-invariant split (the GPU engine's decode/draft/verify path).
+    for (int a = 0; a < 2; a++)
+        for (int md = 0; md < 3; md++) {
+            test_attention(dts[a], 128, 64, 2, modes[md], 1, 64, 2);
+            test_attention(dts[a], 128, 128, 1, modes[md], 1, 64, 1);
+            test_attention(dts[a], 64, 64, 4, modes[md], 1, 64, 3);
+        }
 
     test_real_model();
 
