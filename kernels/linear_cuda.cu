@@ -531,7 +531,8 @@ extern "C" nb_status nb_cuda_matmul_dense(cublasHandle_t handle, void *out, nb_d
                                           cudaStream_t stream) {
     if (!handle || n < 0 || m < 0 || k < 0) return NB_ERR_INVALID_ARG;
     // NOTE: cublasGemmEx has no f16 x bf16-output (or the reverse) combination.
-    if ((dt != NB_DTYPE_F16 && dt != NB_DTYPE_BF16) || (out_dt != NB_DTYPE_F32 && out_dt != dt) ||
+    if ((dt != NB_DTYPE_F32 && dt != NB_DTYPE_F16 && dt != NB_DTYPE_BF16) ||
+        (out_dt != NB_DTYPE_F32 && out_dt != dt) ||
         (bias && !io_dtype_ok(bias_dt)))
         return NB_ERR_INVALID_ARG;
     if (n == 0 || m == 0) return NB_OK;

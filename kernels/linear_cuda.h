@@ -81,7 +81,8 @@ nb_status nb_cuda_wq_dequantize(void *out /*[m][k] dt*/, nb_dtype dt,
                                 int k, cudaStream_t stream);
 
 // out[i][j] = dot(x[i], w[j]) + bias[j] through cublasGemmEx with f32
-// compute (tensor cores), x and w both of dtype dt (f16 or bf16), out f32
+// compute (tensor cores), x and w both of dtype dt (f16 or bf16; or f32,
+// which runs in plain f32: cuBLAS's default math mode never uses TF32), out f32
 // or dt (the bias, when given, is added in f32 by a second kernel
 // after the product has been rounded to out_dt). The caller owns handle;
 // this sets its stream to `stream` (and leaves it so).

@@ -55,7 +55,14 @@ typedef struct nb_backend_config {
     nb_target_weights target_weights;
     bool draft_w4;               // the draft uses 4-bit weights (false: the target's)
     nb_kv_view draft_view;       // how the draft reads quantized KV (ablation: TARGET)
+    int32_t max_logit_rows;      // most logit rows in one pass (0: max_rows)
+    int device;                  // cuda: the device ordinal
 } nb_backend_config;
+
+// Passes whose sequences all have at most this many rows (draft, verify with
+// gamma <= 16, decode) are "step" passes: the cuda backend computes each row
+// independently of the others (backend_cuda.c, row invariance).
+#define NB_CUDA_STEP_ROWS 17
 
 typedef struct nb_backend nb_backend;
 
@@ -87,5 +94,24 @@ nb_status nb_backend_cpu_new(const nb_backend_config *cfg, nb_backend **out, cha
 
 // The cpu backend's KV pools (host memory), for tests that inspect the cache.
 const nb_kv_pools *nb_backend_cpu_pools(const nb_backend *be);
+
+// The cuda backend (backend_cuda.c; in builds with CUDA only, NB_HAVE_CUDA).
+// Uploads the weights (and their quantized copies), allocates the workspace
+// and the KV pools of cfg->layout on device cfg->device. Returns NB_OK;
+// NB_ERR_OUT_OF_MEMORY (device or host memory; the message says how much);
+// NB_ERR_BACKEND (no device, CUDA/cuBLAS failure); NB_ERR_INVALID_ARG;
+// NB_ERR_UNSUPPORTED (head_dim); NB_ERR_NON_FINITE (a weight is NaN/Inf).
+nb_status nb_backend_cuda_new(const nb_backend_config *cfg, nb_backend **out, char *err,
+                              size_t err_len);
+
+// Memory planning (before the block manager exists): device bytes the cuda
+// backend would allocate for cfg besides the KV pools (weights, quantized
+// copies, workspace, staging, plus an allowance for cuBLAS), and the
+// device's free and total memory now. cfg->layout's pool sizes are ignored.
+nb_status nb_backend_cuda_plan(const nb_backend_config *cfg, size_t *static_bytes, size_t *free_bytes,
+                               size_t *total_bytes, char *err, size_t err_len);
+
+// The cuda backend's KV pools (device pointers), for tests.
+nb_status nb_backend_cuda_pools(const nb_backend *be, nb_kv_pools *pools);
 
 #endif // NB_BACKEND_H

@@ -105,9 +105,22 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     nb_engine_params p = *pin;
     const nb_model_config *mc = nb_model_get_config(model);
     const nb_model_weights *mw = nb_model_get_weights(model);
-    if (!p.backend || strcmp(p.backend, "cpu") != 0) {
-        nb_set_err(err, err_len, "engine: backend '%s' is not available (this build has: cpu)",
-                p.backend ? p.backend : "(null)");
+#ifdef NB_HAVE_CUDA
+    const bool use_cuda = p.backend && strcmp(p.backend, "cuda") == 0;
+    const char *built = "cpu, cuda";
+#else
+    const bool use_cuda = false;
+    const char *built = "cpu";
+#endif
+    if (!p.backend || (strcmp(p.backend, "cpu") != 0 && !use_cuda)) {
+        nb_set_err(err, err_len, "engine: backend '%s' is not available (this build has: %s)",
+                p.backend ? p.backend : "(null)", built);
+        return NULL;
+    }
+    if (p.gpu_memory_utilization != 0.0 &&
+        (!use_cuda || !(p.gpu_memory_utilization > 0.0 && p.gpu_memory_utilization <= 1.0))) {
+        nb_set_err(err, err_len, "engine: gpu_memory_utilization %g needs the cuda backend and (0, 1]",
+                   p.gpu_memory_utilization);
         return NULL;
     }
     if (p.max_seq_len == 0) p.max_seq_len = mc->max_position_embeddings;
@@ -160,6 +173,46 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
                         .head_dim = mc->head_dim, .group_size = p.group_size, .dtype = kv_dt};
     bmp.qblock_bytes = nb_kv_qblock_bytes(&lay);
     bmp.fpblock_bytes = nb_kv_fpblock_bytes(&lay);
+    e->max_logit_rows = p.max_batch_rows < 256 ? p.max_batch_rows : 256;
+    if (e->max_logit_rows < p.max_gamma + 1) e->max_logit_rows = p.max_gamma + 1;
+    nb_backend_config bc = {
+        .model = model,
+        .layout = lay,
+        .bm = &bmp,
+        .max_rows = p.max_batch_rows,
+        .max_seq_len = p.max_seq_len,
+        .target_weights = p.target_weights,
+        .draft_w4 = p.draft_w4,
+        .draft_view = p.draft_int4_kv ? NB_KV_VIEW_DRAFT : NB_KV_VIEW_TARGET,
+        .max_logit_rows = e->max_logit_rows,
+        .device = p.device,
+    };
+#ifdef NB_HAVE_CUDA
+    // Memory plan as vLLM: weights and workspace first, the KV pools get the
+    // rest of the share of the device this engine may use.
+    if (use_cuda && p.gpu_memory_utilization > 0.0 && p.n_qblocks == 0 && p.n_fpblocks == 0) {
+        size_t stat = 0, dfree = 0, dtotal = 0;
+        if (nb_backend_cuda_plan(&bc, &stat, &dfree, &dtotal, err, err_len) != NB_OK) goto out_free;
+        double budget = p.gpu_memory_utilization * (double)dtotal - (double)(dtotal - dfree) - (double)stat;
+        if (budget < (double)bmp.fpblock_bytes) {
+            nb_set_err(err, err_len,
+                       "engine: gpu_memory_utilization %.2f of %.1f GiB leaves no room for the KV cache "
+                       "(%.2f GiB in use on the device, %.2f GiB of weights and workspace)",
+                       p.gpu_memory_utilization, dtotal / 1073741824.0, (dtotal - dfree) / 1073741824.0,
+                       stat / 1073741824.0);
+            goto out_free;
+        }
+        // More blocks than every sequence at full length (4 times over, for
+        // the prefix cache) would only cost host memory for their records.
+        int64_t groups = p.max_seq_len / p.group_size + 2;
+        double cap = p.quantized_cache
+                         ? (double)p.max_seqs * nb_bm_fp_blocks_per_seq_max(&bmp) * bmp.fpblock_bytes +
+                               4.0 * p.max_seqs * groups * bmp.qblock_bytes
+                         : 4.0 * p.max_seqs * groups * bmp.fpblock_bytes;
+        p.kv_memory = (size_t)(budget < cap ? budget : cap);
+        e->p = p;
+    }
+#endif
     if (p.n_qblocks == 0 && p.n_fpblocks == 0) {
         if (p.quantized_cache) {
             int64_t fp = (int64_t)p.max_seqs * nb_bm_fp_blocks_per_seq_max(&bmp);
@@ -193,20 +246,14 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     lay.n_qblocks = bmp.n_qblocks;
     lay.n_fpblocks = bmp.n_fpblocks;
 
-    nb_backend_config bc = {
-        .model = model,
-        .layout = lay,
-        .bm = nb_bm_params_get(e->bm),
-        .max_rows = p.max_batch_rows,
-        .max_seq_len = p.max_seq_len,
-        .target_weights = p.target_weights,
-        .draft_w4 = p.draft_w4,
-        .draft_view = p.draft_int4_kv ? NB_KV_VIEW_DRAFT : NB_KV_VIEW_TARGET,
-    };
+    bc.layout = lay;
+    bc.bm = nb_bm_params_get(e->bm);
+#ifdef NB_HAVE_CUDA
+    if (use_cuda) {
+        if (nb_backend_cuda_new(&bc, &e->be, err, err_len) != NB_OK) goto out_free;
+    } else
+#endif
     if (nb_backend_cpu_new(&bc, &e->be, err, err_len) != NB_OK) goto out_free;
-
-    e->max_logit_rows = p.max_batch_rows < 256 ? p.max_batch_rows : 256;
-    if (e->max_logit_rows < p.max_gamma + 1) e->max_logit_rows = p.max_gamma + 1;
     int32_t wcap = p.max_seqs * (nb_bm_work_max_per_op(e->bm) + 2);
     e->work.items = calloc((size_t)wcap, sizeof(nb_bm_work));
     e->work.cap = wcap;

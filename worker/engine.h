@@ -39,7 +39,7 @@
 typedef struct nb_engine nb_engine;
 
 typedef struct nb_engine_params {
-    const char *backend;        // "cpu" (the only one built into this engine so far)
+    const char *backend;        // "cpu", or "cuda" in builds with CUDA
     bool quantized_cache;       // true: hierarchical INT8/INT4 blocks; false: every token FP
     int32_t group_size;         // G, tokens per block: 64, 128 or 256 (others for tests)
     int32_t n_qblocks;          // quantized pool, blocks; 0 with n_fpblocks 0: from kv_memory
@@ -55,6 +55,10 @@ typedef struct nb_engine_params {
     bool draft_int4_kv;         // draft reads upper nibbles only (false: INT8; an ablation)
     bool prefix_cache;          // share full quantized blocks across equal prefixes
     int kv_dtype;               // nb_dtype of FP blocks and scales; -1: the embedding's dtype
+    double gpu_memory_utilization; // cuda, (0, 1]: the share of the device's total memory this
+                                   // engine may use (weights, workspace, KV pools), as vLLM;
+                                   // the pools get what is left (kv_memory is ignored). 0: unset
+    int device;                 // cuda: device ordinal
 } nb_engine_params;
 
 // Defaults: cpu, quantized cache, G=128, kv_memory 256 MiB, 16 sequences,

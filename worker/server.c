@@ -1298,19 +1298,24 @@ nb_server *nb_server_new(const nb_server_params *pin, bool bind, int *exit_code,
         return NULL;
     }
     nb_server_params p = *pin;
-    if (strcmp(p.backend, "cuda") == 0) {
+    const bool cuda = strcmp(p.backend, "cuda") == 0;
+#ifndef NB_HAVE_CUDA
+    if (cuda) {
         nb_set_err(err, err_len, "--backend cuda: this build has no cuda backend (use --backend cpu)");
         return NULL;
     }
-    if (strcmp(p.backend, "cpu") != 0) {
+#endif
+    if (!cuda && strcmp(p.backend, "cpu") != 0) {
         nb_set_err(err, err_len, "--backend %s: unknown backend (cpu or cuda)", p.backend);
         return NULL;
     }
-    if (p.gpu_memory_utilization != 0.0) {
+    if (!cuda && p.gpu_memory_utilization != 0.0) {
         nb_set_err(err, err_len, "--gpu-memory-utilization is only meaningful with --backend cuda; "
                               "size the cpu cache with --kv-memory BYTES");
         return NULL;
     }
+    // The cuda default, as vLLM: 90% of the device unless --kv-memory sizes the pools.
+    if (cuda && p.gpu_memory_utilization == 0.0 && p.kv_memory == 0) p.gpu_memory_utilization = 0.9;
     if (p.max_seqs < 1 || p.max_message_bytes < 64 || p.max_message_bytes > (1u << 30)) {
         nb_set_err(err, err_len, "--max-seqs must be >= 1 and --max-message-bytes in 64..1 GiB");
         return NULL;
@@ -1338,7 +1343,9 @@ nb_server *nb_server_new(const nb_server_params *pin, bool bind, int *exit_code,
     s->mc = nb_model_get_config(s->model);
 
     nb_engine_params ep = nb_engine_default_params();
-    ep.backend = "cpu";
+    ep.backend = cuda ? "cuda" : "cpu";
+    ep.gpu_memory_utilization = p.gpu_memory_utilization;
+    ep.device = p.device;
     ep.quantized_cache = p.kv_quant;
     ep.group_size = p.group_size;
     if (p.kv_memory) ep.kv_memory = p.kv_memory;

@@ -43,6 +43,7 @@ typedef struct nb_server_params {
     int32_t group_size;                 // G, tokens per block
     size_t kv_memory;                   // bytes for the KV pools; 0: engine default (256 MiB)
     double gpu_memory_utilization;      // 0: unset; (0, 1]: cuda only
+    int device;                         // cuda device ordinal (default 0)
     int32_t max_seqs;                   // live sequences at once (also the most per command)
     int32_t max_model_len;              // tokens per sequence; 0: the model's context
     nb_target_weights target_weights;   // model or int8

@@ -23,13 +23,15 @@ static void usage(FILE *f) {
 "                               llama-3-8b; its output is noise)\n"
 "  --endpoint E                 ipc:///path or tcp://host:port to bind. tcp off loopback\n"
 "                               (not 127.x, ::1, localhost) is refused without CURVE keys\n"
-"  --backend cpu|cuda           compute backend (default cpu; this build has no cuda:\n"
-"                               --backend cuda exits with status 2)\n"
+"  --backend cpu|cuda           compute backend (default cpu; cuda in builds with CUDA,\n"
+"                               else --backend cuda exits with status 2)\n"
+"  --device N                   cuda device ordinal (default 0)\n"
 "  --group-size G               tokens per KV block: 64, 128 (default) or 256\n"
 "  --kv-memory BYTES            host/device bytes for the KV pools (suffix K, M, G;\n"
 "                               default 256M)\n"
-"  --gpu-memory-utilization F   fraction of free GPU memory for the KV pools (cuda only;\n"
-"                               refused with --backend cpu; excludes --kv-memory)\n"
+"  --gpu-memory-utilization F   share of the GPU's total memory this worker may use:\n"
+"                               weights and workspace first, the KV pools get the rest\n"
+"                               (cuda only; default 0.9 unless --kv-memory is given)\n"
 "  --max-seqs N                 live sequences at once, also the most one command names\n"
 "                               (default 16)\n"
 "  --max-model-len N            tokens per sequence (default: the model's context)\n"
@@ -90,7 +92,7 @@ static void on_signal(int sig) {
 }
 
 enum {
-    OPT_MODEL = 256, OPT_ENDPOINT, OPT_BACKEND, OPT_GROUP, OPT_KVMEM, OPT_GPUUTIL, OPT_MAXSEQS,
+    OPT_MODEL = 256, OPT_ENDPOINT, OPT_BACKEND, OPT_GROUP, OPT_KVMEM, OPT_GPUUTIL, OPT_DEVICE, OPT_MAXSEQS,
     OPT_MAXLEN, OPT_TARGET, OPT_KVCACHE, OPT_GAMMA, OPT_CHUNK, OPT_ROWS, OPT_NOPREFIX, OPT_SEED,
     OPT_MAXMSG, OPT_CURVE_SK, OPT_CURVE_CL, OPT_LOG, OPT_HELP,
 };
@@ -103,6 +105,7 @@ int main(int argc, char **argv) {
         {"group-size", required_argument, 0, OPT_GROUP},
         {"kv-memory", required_argument, 0, OPT_KVMEM},
         {"gpu-memory-utilization", required_argument, 0, OPT_GPUUTIL},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"max-seqs", required_argument, 0, OPT_MAXSEQS},
         {"max-model-len", required_argument, 0, OPT_MAXLEN},
         {"target-weights", required_argument, 0, OPT_TARGET},
@@ -138,6 +141,7 @@ int main(int argc, char **argv) {
             ok = end != a && !*end && p.gpu_memory_utilization > 0 && p.gpu_memory_utilization <= 1;
             break;
         }
+        case OPT_DEVICE: ok = parse_int(a, 0, 1023, &p.device); break;
         case OPT_MAXSEQS: ok = parse_int(a, 1, 1 << 20, &p.max_seqs); break;
         case OPT_MAXLEN: ok = parse_int(a, 2, 1 << 24, &p.max_model_len); break;
         case OPT_TARGET:

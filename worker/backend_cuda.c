@@ -1,0 +1,886 @@
+// backend_cuda.c: the cuda backend, the same Llama forward pass as
+// backend_cpu.c on one GPU, built from the CUDA kernels in kernels/*.cu.
+//
+// The one idea: everything a forward pass needs is allocated once, at
+// creation (weights, quantized weight copies, activation workspace, KV
+// pools, pinned staging), so a step is one upload of the step's metadata
+// (tokens, positions, KV slots, block tables), a fixed sequence of kernel
+// launches on one stream, and one download of the logits. No cudaMalloc on
+// the hot path.
+//
+// Row invariance. Greedy speculative decoding must emit exactly the tokens
+// greedy target-only decoding emits (ARCHITECTURE.md), so a row's logits
+// must not depend on how many rows share its pass: a verify row at position
+// p must equal the decode row at p bit for bit. Passes whose sequences all
+// have <= NB_CUDA_STEP_ROWS rows (draft, verify, decode) therefore run in
+// "step" mode:
+//   - every linear layer runs on fixed 16-row slices (padded), so cuBLAS and
+//     the quantized kernels see the same shape whatever the batch;
+//   - attention uses the row-invariant split of nb_pa_attention
+//     (fixed_chunk_groups), each sequence's rows cut into entries of at most
+//     8/(n_heads/n_kv_heads) rows.
+// Longer passes (prefill chunks) use full-size GEMMs and the batch-tuned
+// attention split; both runs of a comparison prefill identically.
+// Step mode needs the decode attention kernel (head_dim 64/128, f16/bf16
+// cache, G % 32 == 0, GQA ratio <= 8); other models run everything in the
+// batch-tuned mode and are correct but not row-invariant.
+#include "nb_status.h"
+#include <jemalloc/jemalloc.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backend.h"
+#include "kv_cache_cuda.h"
+#include "linear_cuda.h"
+#include "ops_cuda.h"
+#include "ops_ref.h"
+#include "paged_attention_cuda.h"
+#include "wquant.h"
+
+#define STEP_SLICE 16       // rows per linear-layer slice in step mode
+#define ATTN_MAX_CHUNKS 64  // split-K chunks at most (both modes)
+#define WORK_BATCH 1024     // KV work items per upload
+
+typedef struct dlin {
+    int m, k;
+    const void *w;    // dense [m][k] in be->adt (device), or NULL
+    nb_wq_tensor q;   // device planes; q.upper NULL when there is no quantized copy
+    const void *bias; // device [m] bias_dt, or NULL
+    nb_dtype bias_dt;
+} dlin;
+
+typedef struct dlayer {
+    dlin wq, wk, wv, wo, gate, up, down;
+    const void *attn_norm, *ffn_norm; // device, model dtype
+    nb_dtype attn_norm_dt, ffn_norm_dt;
+} dlayer;
+
+typedef struct upload_ent {
+    const void *host;
+    nb_dtype dt;
+    void *dev;
+} upload_ent;
+
+typedef struct cuda_backend {
+    nb_backend base;
+    nb_backend_config cfg;
+    const nb_model_config *mc;
+    const nb_model_weights *mw;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    nb_dtype adt;  // dense weights and their activations (f32, f16 or bf16)
+    nb_dtype qxdt; // activations of the quantized kernels (f16 or bf16)
+    dlayer *layers;
+    dlin lm_head;
+    const void *embd, *out_norm;
+    nb_dtype embd_dt, out_norm_dt;
+    float *inv_freq; // device [D/2]
+    nb_kv_layout lay;
+    nb_kv_pools pools; // device
+    // every device allocation, freed at destroy; counting only (dry run) when plan_only
+    void **allocs;
+    int n_allocs, cap_allocs;
+    bool plan_only;
+    size_t dev_bytes, weight_bytes, wq_bytes, kv_bytes;
+    upload_ent *uploads;
+    int n_uploads, cap_uploads;
+    // workspace: Rp = max_rows rounded up to STEP_SLICE, LRp likewise for logit rows
+    int Rp, LRp, maxk;
+    float *x, *xb, *q, *k, *v, *att, *gate, *up, *tmp, *xl, *logits;
+    void *xa_d, *xa_q; // converted inputs of the dense / quantized linear layers
+    void *attn_ws;
+    size_t attn_ws_bytes;
+    int step_ok;       // step mode available (decode attention kernel usable)
+    int entry_rows;    // rows per attention entry in step mode: 8 / GQA ratio
+    int chunk_groups;  // fixed_chunk_groups of step mode
+    // per-pass metadata: pinned host staging + device copy
+    size_t meta_bytes;
+    uint8_t *meta_h, *meta_d;
+    int32_t tab_cap; // block-table ids per pass
+    float *logits_h; // pinned [LRp][V]
+    int32_t *work_h, *work_d; // [4][WORK_BATCH]: src, dst, n_tokens, status
+} cuda_backend;
+
+static nb_status cuda_fail(char *err, size_t err_len, const char *what, cudaError_t e) {
+    nb_set_err(err, err_len, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? NB_ERR_OUT_OF_MEMORY : NB_ERR_BACKEND;
+}
+
+// Device allocation, recorded for destroy (or only counted in a dry run).
+static nb_status dev_alloc(cuda_backend *be, void **p, size_t bytes, char *err, size_t err_len) {
+    bytes = (bytes + 255) & ~(size_t)255;
+    if (bytes == 0) bytes = 256;
+    be->dev_bytes += bytes;
+    if (be->plan_only) {
+        *p = NULL;
+        return NB_OK;
+    }
+    if (be->n_allocs == be->cap_allocs) {
+        int cap = be->cap_allocs ? 2 * be->cap_allocs : 64;
+        void **a = realloc(be->allocs, (size_t)cap * sizeof(void *));
+        if (!a) {
+            nb_set_err(err, err_len, "cuda backend: out of host memory");
+            return NB_ERR_OUT_OF_MEMORY;
+        }
+        be->allocs = a;
+        be->cap_allocs = cap;
+    }
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof(what), "cudaMalloc of %zu bytes (%.2f GiB allocated before it)", bytes,
+                 (double)(be->dev_bytes - bytes) / (1 << 30));
+        return cuda_fail(err, err_len, what, e);
+    }
+    be->allocs[be->n_allocs++] = *p;
+    return NB_OK;
+}
+
+static nb_status h2d(cuda_backend *be, void *dst, const void *src, size_t bytes, char *err,
+                     size_t err_len) {
+    if (be->plan_only || bytes == 0) return NB_OK;
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, "upload", e);
+}
+
+// A checkpoint tensor on the device in dtype dt (converted on the host when
+// it differs), uploaded once per (tensor, dtype): tied embeddings share it.
+static nb_status upload_tensor(cuda_backend *be, const nb_tensor_view *t, nb_dtype dt,
+                               const void **out, char *err, size_t err_len) {
+    for (int i = 0; i < be->n_uploads; i++)
+        if (be->uploads[i].host == t->data && be->uploads[i].dt == dt) {
+            *out = be->uploads[i].dev;
+            return NB_OK;
+        }
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+    size_t bytes = n * nb_dtype_size(dt);
+    void *dev = NULL;
+    nb_status st = dev_alloc(be, &dev, bytes, err, err_len);
+    if (st != NB_OK) return st;
+    be->weight_bytes += bytes;
+    if (!be->plan_only) {
+        if (t->dtype == dt) {
+            st = h2d(be, dev, t->data, bytes, err, err_len);
+        } else {
+            void *tmp = malloc(bytes);
+            if (!tmp) {
+                nb_set_err(err, err_len, "cuda backend: out of host memory converting %s", t->name);
+                return NB_ERR_OUT_OF_MEMORY;
+            }
+            for (size_t i = 0; i < n; i++) nb_store_f32(tmp, dt, i, nb_load_f32(t->data, t->dtype, i));
+            st = h2d(be, dev, tmp, bytes, err, err_len);
+            free(tmp);
+        }
+        if (st != NB_OK) return st;
+    }
+    if (be->n_uploads == be->cap_uploads) {
+        int cap = be->cap_uploads ? 2 * be->cap_uploads : 64;
+        upload_ent *u = realloc(be->uploads, (size_t)cap * sizeof(*u));
+        if (!u) {
+            nb_set_err(err, err_len, "cuda backend: out of host memory");
+            return NB_ERR_OUT_OF_MEMORY;
+        }
+        be->uploads = u;
+        be->cap_uploads = cap;
+    }
+    be->uploads[be->n_uploads++] = (upload_ent){.host = t->data, .dt = dt, .dev = dev};
+    *out = dev;
+    return NB_OK;
+}
+
+// Which kernel computes a linear layer (the cpu backend's lin_apply rule).
+typedef enum { LIN_DENSE = 0, LIN_Q4 = 1, LIN_Q8 = 2 } lin_path;
+
+static lin_path path_of(const cuda_backend *be, const dlin *L, nb_fwd_mode mode) {
+    if (mode == NB_FWD_DRAFT && be->cfg.draft_w4 && L->q.upper) return LIN_Q4;
+    if (be->cfg.target_weights == NB_TARGET_WEIGHTS_INT8 && L->q.lower) return LIN_Q8;
+    return LIN_DENSE;
+}
+
+// Uploads one linear layer: the dense weights when some pass uses them, the
+// hierarchical quantized copy (quantized on the host by the same reference
+// function as the cpu backend, so both backends hold identical codes).
+static nb_status lin_init(cuda_backend *be, dlin *L, const nb_tensor_view *w,
+                          const nb_tensor_view *bias, char *err, size_t err_len) {
+    memset(L, 0, sizeof(*L));
+    L->m = (int)w->shape[0];
+    L->k = (int)w->shape[1];
+    const nb_backend_config *c = &be->cfg;
+    bool int8 = c->target_weights == NB_TARGET_WEIGHTS_INT8;
+    size_t plane = 0, n_groups = 0;
+    bool quantizable = nb_wq_sizes(L->m, L->k, &plane, &n_groups) == NB_OK;
+    bool want_q = quantizable && (c->draft_w4 || int8);
+    nb_status st;
+    if (!(int8 && quantizable)) {
+        st = upload_tensor(be, w, be->adt, &L->w, err, err_len);
+        if (st != NB_OK) return st;
+    }
+    if (bias && bias->data) {
+        L->bias_dt = bias->dtype;
+        st = upload_tensor(be, bias, bias->dtype, &L->bias, err, err_len);
+        if (st != NB_OK) return st;
+    }
+    if (!want_q) return NB_OK;
+    size_t bytes = plane * (int8 ? 2 : 1) + 2 * n_groups * sizeof(uint16_t);
+    void *dev = NULL;
+    st = dev_alloc(be, &dev, bytes, err, err_len);
+    if (st != NB_OK) return st;
+    be->wq_bytes += bytes;
+    uint8_t *d = dev;
+    L->q.upper = d;
+    L->q.lower = int8 ? d + plane : NULL;
+    L->q.scale = (const uint16_t *)(d + plane * (int8 ? 2 : 1));
+    L->q.zero = L->q.scale + n_groups;
+    if (be->plan_only) {
+        L->q.upper = (const uint8_t *)1; // non-NULL: the path rule needs to see a copy
+        L->q.lower = int8 ? (const uint8_t *)1 : NULL;
+        return NB_OK;
+    }
+    uint8_t *h = malloc(bytes);
+    if (!h) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w->name);
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    uint16_t *hs = (uint16_t *)(h + plane * (int8 ? 2 : 1));
+    st = nb_wq_quantize(w->data, w->dtype, L->m, L->k, h, int8 ? h + plane : NULL, hs, hs + n_groups);
+    if (st != NB_OK) {
+        free(h);
+        nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w->name, nb_status_str(st));
+        return st;
+    }
+    st = h2d(be, dev, h, bytes, err, err_len);
+    free(h);
+    return st;
+}
+
+static void cuda_destroy(nb_backend *base) {
+    cuda_backend *be = (cuda_backend *)base;
+    if (!be) return;
+    if (be->stream) cudaStreamSynchronize(be->stream);
+    for (int i = 0; i < be->n_allocs; i++) cudaFree(be->allocs[i]);
+    free(be->allocs);
+    free(be->uploads);
+    free(be->layers);
+    if (be->meta_h) cudaFreeHost(be->meta_h);
+    if (be->logits_h) cudaFreeHost(be->logits_h);
+    if (be->work_h) cudaFreeHost(be->work_h);
+    if (be->blas) cublasDestroy(be->blas);
+    if (be->stream) cudaStreamDestroy(be->stream);
+    free(be);
+}
+
+static size_t cuda_weight_bytes(const nb_backend *base) {
+    const cuda_backend *be = (const cuda_backend *)base;
+    return be->weight_bytes + be->wq_bytes;
+}
+static size_t cuda_kv_bytes(const nb_backend *base) { return ((const cuda_backend *)base)->kv_bytes; }
+
+// Synchronizes and turns a pending CUDA error into a status.
+static nb_status sync_check(cuda_backend *be, const char *what, char *err, size_t err_len) {
+    cudaError_t e = cudaStreamSynchronize(be->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, what, e);
+}
+
+// ---------------------------------------------------------------------------
+// KV work items
+// ---------------------------------------------------------------------------
+
+// Pools (0 quantized, 1 FP) an item reads (src) and writes (dst).
+static void work_pools(nb_bm_work_kind k, int *src_pool, int *dst_pool) {
+    *src_pool = k == NB_BM_WORK_DEQUANTIZE ? 0 : 1;
+    *dst_pool = k == NB_BM_WORK_QUANTIZE ? 0 : 1;
+}
+
+// True when item j touches a block an earlier item of [i0, j) writes, or
+// writes a block one of them touches: such items must not share a launch.
+static bool work_conflict(const nb_bm_work *it, int32_t i0, int32_t j) {
+    int sj, dj;
+    work_pools(it[j].kind, &sj, &dj);
+    for (int32_t i = i0; i < j; i++) {
+        int si, di;
+        work_pools(it[i].kind, &si, &di);
+        if ((di == dj && it[i].dst == it[j].dst) || (si == dj && it[i].src == it[j].dst) ||
+            (di == sj && it[i].dst == it[j].src))
+            return true;
+    }
+    return false;
+}
+
+static nb_status cuda_exec_work(nb_backend *base, const nb_bm_work *items, int32_t n) {
+    cuda_backend *be = (cuda_backend *)base;
+    char err[256];
+    for (int32_t b0 = 0; b0 < n; b0 += WORK_BATCH) {
+        int32_t nb = n - b0 < WORK_BATCH ? n - b0 : WORK_BATCH;
+        int32_t *hs = be->work_h, *hd = hs + WORK_BATCH, *hn = hd + WORK_BATCH, *hst = hn + WORK_BATCH;
+        for (int32_t i = 0; i < nb; i++) {
+            hs[i] = items[b0 + i].src;
+            hd[i] = items[b0 + i].dst;
+            hn[i] = items[b0 + i].n_tokens;
+            hst[i] = 0;
+        }
+        if (cudaMemcpyAsync(be->work_d, be->work_h, 4 * WORK_BATCH * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, be->stream) != cudaSuccess)
+            return NB_ERR_BACKEND;
+        int32_t *ds = be->work_d, *dd = ds + WORK_BATCH, *dn = dd + WORK_BATCH, *dst = dn + WORK_BATCH;
+        for (int32_t i = 0; i < nb;) {
+            int32_t j = i + 1;
+            while (j < nb && j - i < 256 && items[b0 + j].kind == items[b0 + i].kind &&
+                   !work_conflict(items + b0, i, j))
+                j++;
+            nb_status st = NB_ERR_INTERNAL;
+            switch (items[b0 + i].kind) {
+            case NB_BM_WORK_QUANTIZE:
+                st = nb_kv_cuda_quantize_blocks(&be->lay, &be->pools, ds + i, dd + i, j - i, dst + i,
+                                                be->stream);
+                break;
+            case NB_BM_WORK_DEQUANTIZE:
+                st = nb_kv_cuda_dequantize_blocks(&be->lay, &be->pools, ds + i, dd + i, j - i, dst + i,
+                                                  be->stream);
+                break;
+            case NB_BM_WORK_COPY:
+                st = nb_kv_cuda_copy_fp_blocks(&be->lay, &be->pools, ds + i, dd + i, dn + i, j - i,
+                                               dst + i, be->stream);
+                break;
+            }
+            if (st != NB_OK) return st;
+            i = j;
+        }
+        if (cudaMemcpyAsync(hst, dst, (size_t)nb * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                            be->stream) != cudaSuccess)
+            return NB_ERR_BACKEND;
+        nb_status st = sync_check(be, "KV work items", err, sizeof(err));
+        if (st != NB_OK) {
+            fprintf(stderr, "nibbler: %s\n", err);
+            return st;
+        }
+        for (int32_t i = 0; i < nb; i++)
+            if (hst[i] != NB_OK) return (nb_status)hst[i];
+    }
+    return NB_OK;
+}
+
+// ---------------------------------------------------------------------------
+// forward
+// ---------------------------------------------------------------------------
+
+// Converts the f32 input rows of a linear stage into the dtypes its layers
+// read: *xd for dense layers (the f32 rows themselves when adt is f32), *xq
+// for quantized ones.
+static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_path p0, lin_path p1,
+                          const void **xd, const void **xq) {
+    bool dense = p0 == LIN_DENSE || p1 == LIN_DENSE, quant = p0 != LIN_DENSE || p1 != LIN_DENSE;
+    *xd = src;
+    *xq = NULL;
+    size_t cnt = (size_t)n * k;
+    if (dense && be->adt != NB_DTYPE_F32) {
+        nb_status st = nb_cuda_convert(be->xa_d, be->adt, src, NB_DTYPE_F32, cnt, be->stream);
+        if (st != NB_OK) return st;
+        *xd = be->xa_d;
+    }
+    if (quant) {
+        if (dense && be->adt == be->qxdt) {
+            *xq = *xd;
+        } else {
+            nb_status st = nb_cuda_convert(be->xa_q, be->qxdt, src, NB_DTYPE_F32, cnt, be->stream);
+            if (st != NB_OK) return st;
+            *xq = be->xa_q;
+        }
+    }
+    return NB_OK;
+}
+
+// out[n][m] f32 = x . W^T + bias. Step mode: fixed STEP_SLICE-row slices
+// (the input and output buffers hold n rounded up to the slice).
+static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const void *xq, int n,
+                         const dlin *L, nb_fwd_mode mode, bool step) {
+    lin_path p = path_of(be, L, mode);
+    nb_dtype xdt = p == LIN_DENSE ? be->adt : be->qxdt;
+    const uint8_t *x = p == LIN_DENSE ? xd : xq;
+    int n_calls = step ? (n + STEP_SLICE - 1) / STEP_SLICE : 1;
+    int rows = step ? STEP_SLICE : n;
+    size_t xrow = (size_t)L->k * nb_dtype_size(xdt);
+    for (int c = 0; c < n_calls; c++) {
+        const void *xc = x + (size_t)c * STEP_SLICE * xrow;
+        float *oc = out + (size_t)c * STEP_SLICE * L->m;
+        nb_status st;
+        if (p == LIN_DENSE)
+            st = nb_cuda_matmul_dense(be->blas, oc, NB_DTYPE_F32, xc, L->w, be->adt, L->bias,
+                                      L->bias_dt, rows, L->m, L->k, be->stream);
+        else
+            st = nb_cuda_matmul_wq(oc, NB_DTYPE_F32, xc, be->qxdt, &L->q, p == LIN_Q8, L->bias,
+                                   L->bias_dt, rows, L->m, L->k, NULL, 0, be->stream);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
+// Layout of one pass's metadata in the staging buffers (byte offsets).
+typedef struct meta_off {
+    size_t tok, pos, kvb, kvs, ent, qt, ft, end;
+} meta_off;
+
+static meta_off meta_layout(int R, int n_ent, int tab) {
+    meta_off o;
+    size_t a = 0;
+    o.tok = a; a += (size_t)R * 4;
+    o.pos = a; a += (size_t)R * 4;
+    o.kvb = a; a += (size_t)R * 4;
+    o.kvs = a; a += (size_t)R * 4;
+    a = (a + 15) & ~(size_t)15;
+    o.ent = a; a += (size_t)n_ent * sizeof(nb_pa_seq);
+    o.qt = a; a += (size_t)tab * 4;
+    o.ft = a; a += (size_t)tab * 4;
+    o.end = (a + 15) & ~(size_t)15;
+    return o;
+}
+
+#define CK(expr, what)                                                                           \
+    do {                                                                                         \
+        nb_status st_ = (expr);                                                                  \
+        if (st_ != NB_OK) {                                                                      \
+            nb_set_err(err, err_len, "forward: %s failed (%s): %s", what, nb_status_str(st_),    \
+                       cudaGetErrorString(cudaGetLastError()));                                  \
+            return st_ == NB_ERR_INVALID_ARG ? NB_ERR_INTERNAL : st_;                            \
+        }                                                                                        \
+    } while (0)
+
+static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err, size_t err_len) {
+    cuda_backend *be = (cuda_backend *)base;
+    const nb_model_config *mc = be->mc;
+    const int H = mc->hidden_size, D = mc->head_dim, I = mc->intermediate_size;
+    const int Hq = mc->n_heads * D, V = mc->vocab_size;
+    const int G = be->lay.group_size;
+    const bool quant = be->cfg.bm->quantize;
+
+    // Validate and decide the mode.
+    int R = 0, n_logits = 0, max_rows = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const nb_fwd_seq *fs = &b->seqs[s];
+        if (fs->n_rows < 1 || fs->n_logits < 0 || fs->n_logits > fs->n_rows) {
+            nb_set_err(err, err_len, "forward: sequence %d has %d rows, %d logits", s, fs->n_rows,
+                       fs->n_logits);
+            return NB_ERR_INVALID_ARG;
+        }
+        if (R + fs->n_rows > be->cfg.max_rows || n_logits + fs->n_logits > be->LRp) {
+            nb_set_err(err, err_len, "forward: more than %d rows or %d logit rows in one pass",
+                       be->cfg.max_rows, be->LRp);
+            return NB_ERR_INVALID_ARG;
+        }
+        for (int i = 0; i < fs->n_rows; i++)
+            if (fs->tokens[i] < 0 || fs->tokens[i] >= V) {
+                nb_set_err(err, err_len, "forward: token id %d outside the vocabulary [0, %d)",
+                           fs->tokens[i], V);
+                return NB_ERR_INVALID_ARG;
+            }
+        R += fs->n_rows;
+        n_logits += fs->n_logits;
+        if (fs->n_rows > max_rows) max_rows = fs->n_rows;
+    }
+    if (b->n_seqs < 1 || b->n_seqs > be->cfg.bm->max_seqs) {
+        nb_set_err(err, err_len, "forward: %d sequences (1..%d)", b->n_seqs, be->cfg.bm->max_seqs);
+        return NB_ERR_INVALID_ARG;
+    }
+    const bool step = be->step_ok && max_rows <= NB_CUDA_STEP_ROWS;
+    const int per = step ? be->entry_rows : max_rows;
+
+    // Metadata: rows, KV slots, attention entries, block tables.
+    int n_ent = 0, n_qt = 0, n_ft = 0, max_ent_rows = 1, max_tokens = 1;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const nb_fwd_seq *fs = &b->seqs[s];
+        n_ent += (fs->n_rows + per - 1) / per;
+        n_qt += fs->view.n_qblocks + 1;
+        n_ft += fs->view.n_fpblocks;
+    }
+    if (n_qt > be->tab_cap || n_ft > be->tab_cap || n_ent > be->cfg.max_rows) {
+        nb_set_err(err, err_len, "forward: block tables exceed the backend's plan");
+        return NB_ERR_INVALID_ARG;
+    }
+    meta_off mo = meta_layout(R, n_ent, be->tab_cap);
+    uint8_t *mh = be->meta_h;
+    int32_t *tok = (int32_t *)(mh + mo.tok), *pos = (int32_t *)(mh + mo.pos);
+    int32_t *kvb = (int32_t *)(mh + mo.kvb), *kvs = (int32_t *)(mh + mo.kvs);
+    nb_pa_seq *ent = (nb_pa_seq *)(mh + mo.ent);
+    int32_t *qt = (int32_t *)(mh + mo.qt), *ft = (int32_t *)(mh + mo.ft);
+    int r0 = 0, e = 0;
+    n_qt = n_ft = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const nb_fwd_seq *fs = &b->seqs[s];
+        const nb_bm_seq_view *v = &fs->view;
+        const int n_tok = v->n_committed + v->n_drafted;
+        if (fs->pos0 < v->n_qblocks * G || fs->pos0 + fs->n_rows > n_tok ||
+            (fs->pos0 + fs->n_rows - v->n_qblocks * G + G - 1) / G > v->n_fpblocks) {
+            nb_set_err(err, err_len, "forward: sequence %d rows %d..%d outside its FP blocks", s,
+                       fs->pos0, fs->pos0 + fs->n_rows);
+            return NB_ERR_INVALID_ARG;
+        }
+        for (int i = 0; i < fs->n_rows; i++) {
+            int32_t idx = fs->pos0 + i - v->n_qblocks * G;
+            tok[r0 + i] = fs->tokens[i];
+            pos[r0 + i] = fs->pos0 + i;
+            kvb[r0 + i] = v->fpblocks[idx / G];
+            kvs[r0 + i] = idx % G;
+        }
+        const int pq = quant && v->prequant_block >= 0;
+        memcpy(qt + n_qt, v->qblocks, (size_t)v->n_qblocks * sizeof(int32_t));
+        if (pq) qt[n_qt + v->n_qblocks] = v->prequant_block;
+        memcpy(ft + n_ft, v->fpblocks, (size_t)v->n_fpblocks * sizeof(int32_t));
+        for (int i0 = 0; i0 < fs->n_rows; i0 += per) {
+            int nr = fs->n_rows - i0 < per ? fs->n_rows - i0 : per;
+            ent[e++] = (nb_pa_seq){.qblock_off = n_qt,
+                                   .n_qblocks = quant ? v->n_qblocks : 0,
+                                   .has_prequant = pq,
+                                   .fpblock_off = n_ft,
+                                   .n_tokens = n_tok,
+                                   .pos0 = fs->pos0 + i0,
+                                   .n_rows = nr,
+                                   .row_off = r0 + i0};
+            if (nr > max_ent_rows) max_ent_rows = nr;
+        }
+        if (fs->pos0 + fs->n_rows > max_tokens) max_tokens = fs->pos0 + fs->n_rows;
+        n_qt += v->n_qblocks + 1;
+        n_ft += v->n_fpblocks;
+        r0 += fs->n_rows;
+    }
+    cudaStream_t S = be->stream;
+    if (cudaMemcpyAsync(be->meta_d, mh, mo.end, cudaMemcpyHostToDevice, S) != cudaSuccess) {
+        nb_set_err(err, err_len, "forward: metadata upload: %s", cudaGetErrorString(cudaGetLastError()));
+        return NB_ERR_BACKEND;
+    }
+    const uint8_t *md = be->meta_d;
+    const int32_t *d_tok = (const int32_t *)(md + mo.tok), *d_pos = (const int32_t *)(md + mo.pos);
+    const int32_t *d_kvb = (const int32_t *)(md + mo.kvb), *d_kvs = (const int32_t *)(md + mo.kvs);
+
+    const nb_fwd_mode mode = b->mode;
+    const nb_kv_view kview = mode == NB_FWD_DRAFT ? be->cfg.draft_view : NB_KV_VIEW_TARGET;
+    nb_pa_args pa;
+    memset(&pa, 0, sizeof(pa));
+    pa.lay = be->lay;
+    pa.pools = be->pools;
+    pa.mode = !quant ? NB_PA_FP_ONLY : kview == NB_KV_VIEW_DRAFT ? NB_PA_DRAFT : NB_PA_TARGET;
+    pa.n_q_heads = mc->n_heads;
+    pa.softmax_scale = 1.0f / sqrtf((float)D);
+    pa.n_seqs = n_ent;
+    pa.seqs = (const nb_pa_seq *)(md + mo.ent);
+    pa.qblock_ids = (const int32_t *)(md + mo.qt);
+    pa.fpblock_ids = (const int32_t *)(md + mo.ft);
+    pa.max_rows = max_ent_rows;
+    pa.max_tokens = max_tokens;
+    pa.workspace = be->attn_ws;
+    pa.workspace_bytes = be->attn_ws_bytes;
+    if (step) {
+        pa.fixed_chunk_groups = be->chunk_groups;
+        pa.max_chunks = ATTN_MAX_CHUNKS;
+    } else { // as many chunks as the workspace holds
+        size_t per_chunk = nb_pa_workspace_size(n_ent, max_ent_rows, mc->n_heads, D, 1);
+        size_t c = per_chunk ? be->attn_ws_bytes / per_chunk : 1;
+        pa.max_chunks = c < 1 ? 1 : c > ATTN_MAX_CHUNKS ? ATTN_MAX_CHUNKS : (int32_t)c;
+    }
+
+    CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
+    for (int l = 0; l < mc->n_layers; l++) {
+        const dlayer *L = &be->layers[l];
+        const void *xd, *xq;
+        CK(nb_cuda_rmsnorm(be->xb, be->x, L->attn_norm, L->attn_norm_dt, R, H, mc->rms_norm_eps, S),
+           "rmsnorm");
+        CK(stage_in(be, be->xb, R, H, path_of(be, &L->wq, mode), path_of(be, &L->wk, mode), &xd, &xq),
+           "convert");
+        CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
+        CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
+        CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
+        CK(nb_cuda_rope_apply(be->q, d_pos, R, mc->n_heads, D, be->inv_freq, S), "rope");
+        CK(nb_cuda_rope_apply(be->k, d_pos, R, mc->n_kv_heads, D, be->inv_freq, S), "rope");
+        CK(nb_cuda_write_kv(&be->lay, be->pools.fp, l, be->k, be->v, d_kvb, d_kvs, R, S), "kv write");
+        pa.layer = l;
+        pa.q = be->q;
+        pa.out = be->att;
+        CK(nb_pa_attention(&pa, S), "attention");
+        CK(stage_in(be, be->att, R, Hq, path_of(be, &L->wo, mode), path_of(be, &L->wo, mode), &xd, &xq),
+           "convert");
+        CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
+        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
+        CK(nb_cuda_rmsnorm(be->xb, be->x, L->ffn_norm, L->ffn_norm_dt, R, H, mc->rms_norm_eps, S),
+           "rmsnorm");
+        CK(stage_in(be, be->xb, R, H, path_of(be, &L->gate, mode), path_of(be, &L->up, mode), &xd, &xq),
+           "convert");
+        CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
+        CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
+        CK(nb_cuda_silu_mul(be->gate, be->gate, be->up, (size_t)R * I, S), "swiglu");
+        CK(stage_in(be, be->gate, R, I, path_of(be, &L->down, mode), path_of(be, &L->down, mode), &xd,
+                    &xq),
+           "convert");
+        CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
+        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
+    }
+    if (n_logits > 0) {
+        // The rows that need logits are the last n_logits rows of each sequence.
+        int g = 0;
+        r0 = 0;
+        for (int s = 0; s < b->n_seqs; s++) {
+            const nb_fwd_seq *fs = &b->seqs[s];
+            if (fs->n_logits > 0 &&
+                cudaMemcpyAsync(be->xl + (size_t)g * H, be->x + (size_t)(r0 + fs->n_rows - fs->n_logits) * H,
+                                (size_t)fs->n_logits * H * sizeof(float), cudaMemcpyDeviceToDevice,
+                                S) != cudaSuccess)
+                return sync_check(be, "forward: gather", err, err_len);
+            g += fs->n_logits;
+            r0 += fs->n_rows;
+        }
+        const void *xd, *xq;
+        CK(nb_cuda_rmsnorm(be->xl, be->xl, be->out_norm, be->out_norm_dt, n_logits, H, mc->rms_norm_eps, S),
+           "final rmsnorm");
+        lin_path lp = path_of(be, &be->lm_head, mode);
+        CK(stage_in(be, be->xl, n_logits, H, lp, lp, &xd, &xq), "convert");
+        CK(lin_run(be, be->logits, xd, xq, n_logits, &be->lm_head, mode, step), "lm head");
+        if (cudaMemcpyAsync(be->logits_h, be->logits, (size_t)n_logits * V * sizeof(float),
+                            cudaMemcpyDeviceToHost, S) != cudaSuccess)
+            return sync_check(be, "forward: logits download", err, err_len);
+    }
+    nb_status st = sync_check(be, "forward", err, err_len);
+    if (st != NB_OK) return st;
+    if (n_logits > 0) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
+    return NB_OK;
+}
+
+static const nb_backend_ops cuda_ops = {
+    .name = "cuda",
+    .forward = cuda_forward,
+    .exec_work = cuda_exec_work,
+    .weight_bytes = cuda_weight_bytes,
+    .kv_bytes = cuda_kv_bytes,
+    .destroy = cuda_destroy,
+};
+
+// ---------------------------------------------------------------------------
+// creation
+// ---------------------------------------------------------------------------
+
+// Allocates (or, plan_only, counts) everything but the KV pools.
+static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
+    const nb_backend_config *cfg = &be->cfg;
+    const nb_model_config *mc = be->mc;
+    const nb_model_weights *mw = be->mw;
+    nb_status st;
+    nb_dtype wdt = mw->layers[0].wq.dtype;
+    be->adt = wdt == NB_DTYPE_F16 ? NB_DTYPE_F16 : wdt == NB_DTYPE_BF16 ? NB_DTYPE_BF16 : NB_DTYPE_F32;
+    be->qxdt = be->adt == NB_DTYPE_F16 ? NB_DTYPE_F16 : NB_DTYPE_BF16;
+
+    be->layers = calloc((size_t)mc->n_layers, sizeof(dlayer));
+    if (!be->layers) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory");
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    for (int l = 0; l < mc->n_layers; l++) {
+        const nb_layer_weights *lw = &mw->layers[l];
+        dlayer *dl = &be->layers[l];
+        struct {
+            dlin *dst;
+            const nb_tensor_view *w, *b;
+        } map[] = {{&dl->wq, &lw->wq, &lw->bq},          {&dl->wk, &lw->wk, &lw->bk},
+                   {&dl->wv, &lw->wv, &lw->bv},          {&dl->wo, &lw->wo, &lw->bo},
+                   {&dl->gate, &lw->w_gate, NULL},       {&dl->up, &lw->w_up, NULL},
+                   {&dl->down, &lw->w_down, NULL}};
+        for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+            st = lin_init(be, map[i].dst, map[i].w, map[i].b, err, err_len);
+            if (st != NB_OK) return st;
+        }
+        dl->attn_norm_dt = lw->attn_norm.dtype;
+        dl->ffn_norm_dt = lw->ffn_norm.dtype;
+        if ((st = upload_tensor(be, &lw->attn_norm, lw->attn_norm.dtype, &dl->attn_norm, err, err_len)) ||
+            (st = upload_tensor(be, &lw->ffn_norm, lw->ffn_norm.dtype, &dl->ffn_norm, err, err_len)))
+            return st;
+    }
+    be->embd_dt = mw->tok_embd.dtype;
+    be->out_norm_dt = mw->out_norm.dtype;
+    if ((st = upload_tensor(be, &mw->tok_embd, mw->tok_embd.dtype, &be->embd, err, err_len)) ||
+        (st = upload_tensor(be, &mw->out_norm, mw->out_norm.dtype, &be->out_norm, err, err_len)) ||
+        (st = lin_init(be, &be->lm_head, &mw->lm_head, NULL, err, err_len)))
+        return st;
+
+    const int H = mc->hidden_size, I = mc->intermediate_size, D = mc->head_dim, V = mc->vocab_size;
+    const int Hq = mc->n_heads * D, Hkv = mc->n_kv_heads * D;
+    float *inv_freq_h = malloc((size_t)D / 2 * sizeof(float));
+    if (!inv_freq_h) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory");
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    st = nb_ref_rope_inv_freq(inv_freq_h, D, (float)mc->rope_theta, &mc->rope_scaling);
+    if (st != NB_OK) {
+        free(inv_freq_h);
+        nb_set_err(err, err_len, "cuda backend: invalid RoPE parameters");
+        return st;
+    }
+    st = dev_alloc(be, (void **)&be->inv_freq, (size_t)D / 2 * sizeof(float), err, err_len);
+    if (st == NB_OK) st = h2d(be, be->inv_freq, inv_freq_h, (size_t)D / 2 * sizeof(float), err, err_len);
+    free(inv_freq_h);
+    if (st != NB_OK) return st;
+
+    // Activations, rows padded to the step slice.
+    be->Rp = (cfg->max_rows + STEP_SLICE - 1) / STEP_SLICE * STEP_SLICE;
+    int lr = cfg->max_logit_rows > 0 ? cfg->max_logit_rows : cfg->max_rows;
+    be->LRp = (lr + STEP_SLICE - 1) / STEP_SLICE * STEP_SLICE;
+    size_t Rp = (size_t)be->Rp, LRp = (size_t)be->LRp;
+    int maxk = H > I ? H : I;
+    if (Hq > maxk) maxk = Hq;
+    be->maxk = maxk;
+    struct {
+        float **p;
+        size_t n;
+    } bufs[] = {{&be->x, Rp * H},    {&be->xb, Rp * H},   {&be->q, Rp * Hq},     {&be->k, Rp * Hkv},
+                {&be->v, Rp * Hkv},  {&be->att, Rp * Hq}, {&be->gate, Rp * I},   {&be->up, Rp * I},
+                {&be->tmp, Rp * H},  {&be->xl, LRp * H},  {&be->logits, LRp * V}};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if ((st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len))) return st;
+    if ((st = dev_alloc(be, &be->xa_d, Rp * maxk * 2, err, err_len)) ||
+        (st = dev_alloc(be, &be->xa_q, Rp * maxk * 2, err, err_len)))
+        return st;
+
+    // Attention: step mode needs the decode kernel; its workspace holds
+    // every entry of a step pass; prefill passes use what is there.
+    const int G = cfg->bm->group_size, ratio = mc->n_heads / mc->n_kv_heads;
+    const nb_dtype kdt = cfg->layout.dtype;
+    be->step_ok = (D == 64 || D == 128) && kdt != NB_DTYPE_F32 && G % 32 == 0 && ratio <= 8;
+    be->entry_rows = be->step_ok ? 8 / ratio : 0;
+    int groups = (cfg->max_seq_len + G - 1) / G;
+    be->chunk_groups = (groups + ATTN_MAX_CHUNKS - 1) / ATTN_MAX_CHUNKS;
+    if (be->chunk_groups < 2) be->chunk_groups = 2;
+    int n_chunks = (groups + be->chunk_groups - 1) / be->chunk_groups;
+    size_t ws = 0;
+    if (be->step_ok) {
+        int max_seqs = cfg->bm->max_seqs;
+        int ent_per_seq = (NB_CUDA_STEP_ROWS + be->entry_rows - 1) / be->entry_rows;
+        long n_ent = (long)max_seqs * ent_per_seq;
+        if (n_ent > cfg->max_rows) n_ent = cfg->max_rows;
+        ws = nb_pa_workspace_size((int32_t)n_ent, be->entry_rows, mc->n_heads, D, n_chunks);
+    }
+    size_t ws_prefill = nb_pa_workspace_size(1, cfg->max_rows, mc->n_heads, D, 8);
+    if (ws_prefill > ws) ws = ws_prefill;
+    be->attn_ws_bytes = ws;
+    if ((st = dev_alloc(be, &be->attn_ws, ws, err, err_len))) return st;
+
+    // Per-pass metadata and KV work staging.
+    be->tab_cap = cfg->bm->max_seqs * (groups + 4);
+    be->meta_bytes = meta_layout(cfg->max_rows, cfg->max_rows, be->tab_cap).end;
+    if ((st = dev_alloc(be, (void **)&be->meta_d, be->meta_bytes, err, err_len)) ||
+        (st = dev_alloc(be, (void **)&be->work_d, 4 * WORK_BATCH * sizeof(int32_t), err, err_len)))
+        return st;
+    if (!be->plan_only) {
+        cudaError_t e = cudaMallocHost((void **)&be->meta_h, be->meta_bytes);
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&be->logits_h, LRp * V * sizeof(float));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&be->work_h, 4 * WORK_BATCH * sizeof(int32_t));
+        if (e != cudaSuccess) return cuda_fail(err, err_len, "pinned host buffers", e);
+    }
+    return NB_OK;
+}
+
+static nb_status check_config(const nb_backend_config *cfg, char *err, size_t err_len) {
+    if (!cfg || !cfg->model || !cfg->bm || cfg->max_rows < 1 || cfg->max_seq_len < 1) {
+        nb_set_err(err, err_len, "cuda backend: invalid configuration");
+        return NB_ERR_INVALID_ARG;
+    }
+    const nb_model_config *mc = nb_model_get_config(cfg->model);
+    if (mc->head_dim > 512 || mc->head_dim % 2) {
+        nb_set_err(err, err_len, "cuda backend: head_dim %d is not supported (even, <= 512)",
+                   mc->head_dim);
+        return NB_ERR_UNSUPPORTED;
+    }
+    return NB_OK;
+}
+
+static nb_status set_device(int device, char *err, size_t err_len) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        nb_set_err(err, err_len, "cuda backend: no CUDA device (%s)",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
+        return NB_ERR_BACKEND;
+    }
+    if (device < 0 || device >= n) {
+        nb_set_err(err, err_len, "cuda backend: device %d does not exist (%d found)", device, n);
+        return NB_ERR_INVALID_ARG;
+    }
+    e = cudaSetDevice(device);
+    return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, "cudaSetDevice", e);
+}
+
+nb_status nb_backend_cuda_plan(const nb_backend_config *cfg, size_t *static_bytes, size_t *free_bytes,
+                               size_t *total_bytes, char *err, size_t err_len) {
+    nb_status st = check_config(cfg, err, err_len);
+    if (st != NB_OK) return st;
+    if ((st = set_device(cfg->device, err, err_len)) != NB_OK) return st;
+    cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+    if (e != cudaSuccess) return cuda_fail(err, err_len, "cudaMemGetInfo", e);
+    cuda_backend be;
+    memset(&be, 0, sizeof(be));
+    be.cfg = *cfg;
+    be.mc = nb_model_get_config(cfg->model);
+    be.mw = nb_model_get_weights(cfg->model);
+    be.plan_only = true;
+    st = build_static(&be, err, err_len);
+    free(be.layers);
+    free(be.uploads);
+    // NOTE: cuBLAS keeps a workspace and its kernels' modules (tens of MiB).
+    *static_bytes = be.dev_bytes + ((size_t)96 << 20);
+    return st;
+}
+
+nb_status nb_backend_cuda_new(const nb_backend_config *cfg, nb_backend **out, char *err,
+                              size_t err_len) {
+    nb_status st = check_config(cfg, err, err_len);
+    if (st != NB_OK) return st;
+    if (!nb_kv_layout_valid(&cfg->layout)) {
+        nb_set_err(err, err_len, "cuda backend: invalid KV layout");
+        return NB_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    if ((st = set_device(cfg->device, err, err_len)) != NB_OK) return st;
+    cuda_backend *be = calloc(1, sizeof(*be));
+    if (!be) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory");
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    be->base.ops = &cuda_ops;
+    be->cfg = *cfg;
+    be->mc = nb_model_get_config(cfg->model);
+    be->mw = nb_model_get_weights(cfg->model);
+    be->lay = cfg->layout;
+    cudaError_t e = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        st = cuda_fail(err, err_len, "stream", e);
+        goto fail;
+    }
+    if (cublasCreate(&be->blas) != CUBLAS_STATUS_SUCCESS) {
+        nb_set_err(err, err_len, "cuda backend: cublasCreate failed");
+        st = NB_ERR_BACKEND;
+        goto fail;
+    }
+    if ((st = build_static(be, err, err_len)) != NB_OK) goto fail;
+
+    const nb_kv_layout *lay = &be->lay;
+    size_t plane = nb_kv_plane_bytes(lay), scales = nb_kv_scales_bytes(lay), fp = nb_kv_fp_bytes(lay);
+    size_t before = be->dev_bytes;
+    void *u = NULL, *lo = NULL, *sc = NULL, *f = NULL;
+    if ((st = dev_alloc(be, &f, fp, err, err_len))) goto fail;
+    if (cfg->bm->quantize && ((st = dev_alloc(be, &u, plane, err, err_len)) ||
+                              (st = dev_alloc(be, &lo, plane, err, err_len)) ||
+                              (st = dev_alloc(be, &sc, scales, err, err_len))))
+        goto fail;
+    be->pools = (nb_kv_pools){.upper = u, .lower = lo, .scales = sc, .fp = f};
+    be->kv_bytes = be->dev_bytes - before;
+    *out = &be->base;
+    return NB_OK;
+fail:
+    cuda_destroy(&be->base);
+    return st;
+}
+
+nb_status nb_backend_cuda_pools(const nb_backend *base, nb_kv_pools *pools) {
+    if (!base || base->ops != &cuda_ops) return NB_ERR_INVALID_ARG;
+    *pools = ((const cuda_backend *)base)->pools;
+    return NB_OK;
+}
