@@ -6,3 +6,12 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
               TIMEOUT 1800 LABELS gpu)
   target_include_directories(test_engine_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/unit)
 endif()
+
+# End-to-end decoding speed on the GPU (an executable; tests/gpu/run runs it).
+if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
+  add_executable(bench_engine_cuda ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_engine_cuda.c)
+  target_link_libraries(bench_engine_cuda PRIVATE nb_worker_core nb_tokenizer PkgConfig::CJSON
+                        CUDA::cudart ${MATH_LIBRARY})
+  target_include_directories(bench_engine_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
+                             ${CMAKE_CURRENT_SOURCE_DIR}/unit)
+endif()

@@ -57,6 +57,7 @@ typedef struct nb_backend_config {
     nb_kv_view draft_view;       // how the draft reads quantized KV (ablation: TARGET)
     int32_t max_logit_rows;      // most logit rows in one pass (0: max_rows)
     int device;                  // cuda: the device ordinal
+    bool cuda_graphs;            // cuda: replay step passes from CUDA graphs
 } nb_backend_config;
 
 // Passes whose sequences all have at most this many rows (draft, verify with

@@ -44,6 +44,7 @@
 #define STEP_SLICE 16       // rows per linear-layer slice in step mode
 #define ATTN_MAX_CHUNKS 64  // split-K chunks at most (both modes)
 #define WORK_BATCH 1024     // KV work items per upload
+#define BLAS_WS ((size_t)32 << 20) // cuBLAS workspace
 
 typedef struct dlin {
     int m, k;
@@ -64,6 +65,51 @@ typedef struct upload_ent {
     nb_dtype dt;
     void *dev;
 } upload_ent;
+
+typedef struct meta_off {
+    size_t tok, pos, kvb, kvs, lrow, ent, qt, ft, end;
+} meta_off;
+
+// Fixed for a backend (offsets do not depend on the pass, so a captured graph
+// stays valid): tok, pos, kvb, kvs [R], lrow [LR], ent [R], qt, ft [tab].
+static meta_off meta_layout(int R, int LR, int tab) {
+    meta_off o;
+    size_t a = 0;
+    o.tok = a; a += (size_t)R * 4;
+    o.pos = a; a += (size_t)R * 4;
+    o.kvb = a; a += (size_t)R * 4;
+    o.kvs = a; a += (size_t)R * 4;
+    o.lrow = a; a += (size_t)LR * 4;
+    a = (a + 15) & ~(size_t)15;
+    o.ent = a; a += (size_t)R * sizeof(nb_pa_seq);
+    o.qt = a; a += (size_t)tab * 4;
+    o.ft = a; a += (size_t)tab * 4;
+    o.end = (a + 15) & ~(size_t)15;
+    return o;
+}
+
+#define CK(expr, what)                                                                           \
+    do {                                                                                         \
+        nb_status st_ = (expr);                                                                  \
+        if (st_ != NB_OK) {                                                                      \
+            nb_set_err(err, err_len, "forward: %s failed (%s): %s", what, nb_status_str(st_),    \
+                       cudaGetErrorString(cudaGetLastError()));                                  \
+            return st_ == NB_ERR_INVALID_ARG ? NB_ERR_INTERNAL : st_;                            \
+        }                                                                                        \
+    } while (0)
+
+#define GRAPH_CACHE 48
+
+typedef struct graph_key {
+    int mode, R, n_ent, ent_rows, n_logits;
+} graph_key;
+
+typedef struct graph_ent {
+    graph_key key;
+    bool used;
+    uint64_t last_use;
+    cudaGraphExec_t exec; // NULL until captured (the second pass of this shape)
+} graph_ent;
 
 typedef struct cuda_backend {
     nb_backend base;
@@ -102,6 +148,11 @@ typedef struct cuda_backend {
     uint8_t *meta_h, *meta_d;
     int32_t tab_cap; // block-table ids per pass
     float *logits_h; // pinned [LRp][V]
+    meta_off mo;
+    graph_ent graphs[GRAPH_CACHE];
+    uint64_t clock;
+    int n_graphs;
+    void *blas_ws;
     int32_t *work_h, *work_d; // [4][WORK_BATCH]: src, dst, n_tokens, status
 } cuda_backend;
 
@@ -262,6 +313,8 @@ static void cuda_destroy(nb_backend *base) {
     cuda_backend *be = (cuda_backend *)base;
     if (!be) return;
     if (be->stream) cudaStreamSynchronize(be->stream);
+    for (int i = 0; i < GRAPH_CACHE; i++)
+        if (be->graphs[i].exec) cudaGraphExecDestroy(be->graphs[i].exec);
     for (int i = 0; i < be->n_allocs; i++) cudaFree(be->allocs[i]);
     free(be->allocs);
     free(be->uploads);
@@ -421,40 +474,128 @@ static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const voi
 }
 
 // Layout of one pass's metadata in the staging buffers (byte offsets).
-typedef struct meta_off {
-    size_t tok, pos, kvb, kvs, ent, qt, ft, end;
-} meta_off;
+// The kernels of one pass, enqueued on the stream (captured into a CUDA
+// graph for repeated step shapes). Everything that varies between passes of
+// the same shape lives in the device metadata.
+typedef struct pass {
+    nb_fwd_mode mode;
+    bool step;
+    int R, n_logits;
+    const int32_t *d_tok, *d_pos, *d_kvb, *d_kvs, *d_lrow;
+    nb_pa_args pa;
+} pass;
 
-static meta_off meta_layout(int R, int n_ent, int tab) {
-    meta_off o;
-    size_t a = 0;
-    o.tok = a; a += (size_t)R * 4;
-    o.pos = a; a += (size_t)R * 4;
-    o.kvb = a; a += (size_t)R * 4;
-    o.kvs = a; a += (size_t)R * 4;
-    a = (a + 15) & ~(size_t)15;
-    o.ent = a; a += (size_t)n_ent * sizeof(nb_pa_seq);
-    o.qt = a; a += (size_t)tab * 4;
-    o.ft = a; a += (size_t)tab * 4;
-    o.end = (a + 15) & ~(size_t)15;
-    return o;
+static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len) {
+    const nb_model_config *mc = be->mc;
+    const int H = mc->hidden_size, D = mc->head_dim, I = mc->intermediate_size;
+    const int Hq = mc->n_heads * D, V = mc->vocab_size;
+    const int R = ps->R, n_logits = ps->n_logits;
+    const nb_fwd_mode mode = ps->mode;
+    const bool step = ps->step;
+    const int32_t *d_tok = ps->d_tok, *d_pos = ps->d_pos, *d_kvb = ps->d_kvb, *d_kvs = ps->d_kvs;
+    const int32_t *d_lrow = ps->d_lrow;
+    nb_pa_args pa = ps->pa;
+    cudaStream_t S = be->stream;
+    CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
+    for (int l = 0; l < mc->n_layers; l++) {
+        const dlayer *L = &be->layers[l];
+        const void *xd, *xq;
+        CK(nb_cuda_rmsnorm(be->xb, be->x, L->attn_norm, L->attn_norm_dt, R, H, mc->rms_norm_eps, S),
+           "rmsnorm");
+        CK(stage_in(be, be->xb, R, H, path_of(be, &L->wq, mode), path_of(be, &L->wk, mode), &xd, &xq),
+           "convert");
+        CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
+        CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
+        CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
+        CK(nb_cuda_rope_apply(be->q, d_pos, R, mc->n_heads, D, be->inv_freq, S), "rope");
+        CK(nb_cuda_rope_apply(be->k, d_pos, R, mc->n_kv_heads, D, be->inv_freq, S), "rope");
+        CK(nb_cuda_write_kv(&be->lay, be->pools.fp, l, be->k, be->v, d_kvb, d_kvs, R, S), "kv write");
+        pa.layer = l;
+        pa.q = be->q;
+        pa.out = be->att;
+        CK(nb_pa_attention(&pa, S), "attention");
+        CK(stage_in(be, be->att, R, Hq, path_of(be, &L->wo, mode), path_of(be, &L->wo, mode), &xd, &xq),
+           "convert");
+        CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
+        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
+        CK(nb_cuda_rmsnorm(be->xb, be->x, L->ffn_norm, L->ffn_norm_dt, R, H, mc->rms_norm_eps, S),
+           "rmsnorm");
+        CK(stage_in(be, be->xb, R, H, path_of(be, &L->gate, mode), path_of(be, &L->up, mode), &xd, &xq),
+           "convert");
+        CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
+        CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
+        CK(nb_cuda_silu_mul(be->gate, be->gate, be->up, (size_t)R * I, S), "swiglu");
+        CK(stage_in(be, be->gate, R, I, path_of(be, &L->down, mode), path_of(be, &L->down, mode), &xd,
+                    &xq),
+           "convert");
+        CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
+        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
+    }
+    if (n_logits > 0) {
+        // The rows that need logits (lrow: their indices) into xl: a gather,
+        // which is the embedding lookup with x as the table.
+        CK(nb_cuda_embed(be->xl, be->x, NB_DTYPE_F32, d_lrow, n_logits, H, R, S), "gather");
+        const void *xd, *xq;
+        CK(nb_cuda_rmsnorm(be->xl, be->xl, be->out_norm, be->out_norm_dt, n_logits, H, mc->rms_norm_eps, S),
+           "final rmsnorm");
+        lin_path lp = path_of(be, &be->lm_head, mode);
+        CK(stage_in(be, be->xl, n_logits, H, lp, lp, &xd, &xq), "convert");
+        CK(lin_run(be, be->logits, xd, xq, n_logits, &be->lm_head, mode, step), "lm head");
+    }
+    return NB_OK;
 }
 
-#define CK(expr, what)                                                                           \
-    do {                                                                                         \
-        nb_status st_ = (expr);                                                                  \
-        if (st_ != NB_OK) {                                                                      \
-            nb_set_err(err, err_len, "forward: %s failed (%s): %s", what, nb_status_str(st_),    \
-                       cudaGetErrorString(cudaGetLastError()));                                  \
-            return st_ == NB_ERR_INVALID_ARG ? NB_ERR_INTERNAL : st_;                            \
-        }                                                                                        \
-    } while (0)
+// CUDA graphs for step passes. A pass's kernel sequence depends only on
+// (mode, rows, attention entries and their most rows, logit rows): the first
+// pass of a shape runs eagerly (it also warms every launcher's one-time
+// setup), the second is captured; later ones replay the graph, which saves
+// the launch cost of ~20 kernels per layer. The cache holds GRAPH_CACHE
+// shapes, least recently used out.
+static nb_status run_graph(cuda_backend *be, pass *ps, char *err, size_t err_len) {
+    graph_key k = {ps->mode, ps->R, ps->pa.n_seqs, ps->pa.max_rows, ps->n_logits};
+    graph_ent *hit = NULL, *lru = &be->graphs[0];
+    for (int i = 0; i < GRAPH_CACHE; i++) {
+        graph_ent *g = &be->graphs[i];
+        if (g->used && memcmp(&g->key, &k, sizeof(k)) == 0) hit = g;
+        if (!g->used || (lru->used && g->last_use < lru->last_use)) lru = g;
+    }
+    be->clock++;
+    if (hit && hit->exec) {
+        hit->last_use = be->clock;
+        cudaError_t e = cudaGraphLaunch(hit->exec, be->stream);
+        return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, "cudaGraphLaunch", e);
+    }
+    if (!hit) { // first sighting: remember the shape, run eagerly
+        if (lru->exec) cudaGraphExecDestroy(lru->exec);
+        *lru = (graph_ent){.key = k, .used = true, .last_use = be->clock};
+        return run_pass(be, ps, err, err_len);
+    }
+    hit->last_use = be->clock;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return cuda_fail(err, err_len, "cudaStreamBeginCapture", e);
+    nb_status st = run_pass(be, ps, err, err_len);
+    e = cudaStreamEndCapture(be->stream, &graph);
+    if (st != NB_OK) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    if (e != cudaSuccess) return cuda_fail(err, err_len, "cudaStreamEndCapture", e);
+    e = cudaGraphInstantiate(&hit->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        hit->exec = NULL;
+        return cuda_fail(err, err_len, "cudaGraphInstantiate", e);
+    }
+    be->n_graphs++;
+    e = cudaGraphLaunch(hit->exec, be->stream);
+    return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, "cudaGraphLaunch", e);
+}
 
 static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err, size_t err_len) {
     cuda_backend *be = (cuda_backend *)base;
     const nb_model_config *mc = be->mc;
-    const int H = mc->hidden_size, D = mc->head_dim, I = mc->intermediate_size;
-    const int Hq = mc->n_heads * D, V = mc->vocab_size;
+    const int D = mc->head_dim, V = mc->vocab_size;
     const int G = be->lay.group_size;
     const bool quant = be->cfg.bm->quantize;
 
@@ -501,13 +642,14 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
         nb_set_err(err, err_len, "forward: block tables exceed the backend's plan");
         return NB_ERR_INVALID_ARG;
     }
-    meta_off mo = meta_layout(R, n_ent, be->tab_cap);
+    const meta_off mo = be->mo;
     uint8_t *mh = be->meta_h;
     int32_t *tok = (int32_t *)(mh + mo.tok), *pos = (int32_t *)(mh + mo.pos);
     int32_t *kvb = (int32_t *)(mh + mo.kvb), *kvs = (int32_t *)(mh + mo.kvs);
     nb_pa_seq *ent = (nb_pa_seq *)(mh + mo.ent);
     int32_t *qt = (int32_t *)(mh + mo.qt), *ft = (int32_t *)(mh + mo.ft);
-    int r0 = 0, e = 0;
+    int32_t *lrow = (int32_t *)(mh + mo.lrow);
+    int r0 = 0, e = 0, nl = 0;
     n_qt = n_ft = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const nb_fwd_seq *fs = &b->seqs[s];
@@ -543,18 +685,21 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
             if (nr > max_ent_rows) max_ent_rows = nr;
         }
         if (fs->pos0 + fs->n_rows > max_tokens) max_tokens = fs->pos0 + fs->n_rows;
+        for (int i = fs->n_rows - fs->n_logits; i < fs->n_rows; i++) lrow[nl++] = r0 + i;
         n_qt += v->n_qblocks + 1;
         n_ft += v->n_fpblocks;
         r0 += fs->n_rows;
     }
     cudaStream_t S = be->stream;
-    if (cudaMemcpyAsync(be->meta_d, mh, mo.end, cudaMemcpyHostToDevice, S) != cudaSuccess) {
+    if (cudaMemcpyAsync(be->meta_d, mh, mo.ft + (size_t)n_ft * 4, cudaMemcpyHostToDevice, S) !=
+        cudaSuccess) {
         nb_set_err(err, err_len, "forward: metadata upload: %s", cudaGetErrorString(cudaGetLastError()));
         return NB_ERR_BACKEND;
     }
     const uint8_t *md = be->meta_d;
     const int32_t *d_tok = (const int32_t *)(md + mo.tok), *d_pos = (const int32_t *)(md + mo.pos);
     const int32_t *d_kvb = (const int32_t *)(md + mo.kvb), *d_kvs = (const int32_t *)(md + mo.kvs);
+    const int32_t *d_lrow = (const int32_t *)(md + mo.lrow);
 
     const nb_fwd_mode mode = b->mode;
     const nb_kv_view kview = mode == NB_FWD_DRAFT ? be->cfg.draft_view : NB_KV_VIEW_TARGET;
@@ -573,75 +718,26 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     pa.max_tokens = max_tokens;
     pa.workspace = be->attn_ws;
     pa.workspace_bytes = be->attn_ws_bytes;
-    if (step) {
+    if (step) { // every chunk of the longest context: a fixed grid, the same graph for every length
         pa.fixed_chunk_groups = be->chunk_groups;
         pa.max_chunks = ATTN_MAX_CHUNKS;
+        pa.max_tokens = be->cfg.max_seq_len;
     } else { // as many chunks as the workspace holds
         size_t per_chunk = nb_pa_workspace_size(n_ent, max_ent_rows, mc->n_heads, D, 1);
         size_t c = per_chunk ? be->attn_ws_bytes / per_chunk : 1;
         pa.max_chunks = c < 1 ? 1 : c > ATTN_MAX_CHUNKS ? ATTN_MAX_CHUNKS : (int32_t)c;
     }
 
-    CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
-    for (int l = 0; l < mc->n_layers; l++) {
-        const dlayer *L = &be->layers[l];
-        const void *xd, *xq;
-        CK(nb_cuda_rmsnorm(be->xb, be->x, L->attn_norm, L->attn_norm_dt, R, H, mc->rms_norm_eps, S),
-           "rmsnorm");
-        CK(stage_in(be, be->xb, R, H, path_of(be, &L->wq, mode), path_of(be, &L->wk, mode), &xd, &xq),
-           "convert");
-        CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
-        CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
-        CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
-        CK(nb_cuda_rope_apply(be->q, d_pos, R, mc->n_heads, D, be->inv_freq, S), "rope");
-        CK(nb_cuda_rope_apply(be->k, d_pos, R, mc->n_kv_heads, D, be->inv_freq, S), "rope");
-        CK(nb_cuda_write_kv(&be->lay, be->pools.fp, l, be->k, be->v, d_kvb, d_kvs, R, S), "kv write");
-        pa.layer = l;
-        pa.q = be->q;
-        pa.out = be->att;
-        CK(nb_pa_attention(&pa, S), "attention");
-        CK(stage_in(be, be->att, R, Hq, path_of(be, &L->wo, mode), path_of(be, &L->wo, mode), &xd, &xq),
-           "convert");
-        CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
-        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
-        CK(nb_cuda_rmsnorm(be->xb, be->x, L->ffn_norm, L->ffn_norm_dt, R, H, mc->rms_norm_eps, S),
-           "rmsnorm");
-        CK(stage_in(be, be->xb, R, H, path_of(be, &L->gate, mode), path_of(be, &L->up, mode), &xd, &xq),
-           "convert");
-        CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
-        CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
-        CK(nb_cuda_silu_mul(be->gate, be->gate, be->up, (size_t)R * I, S), "swiglu");
-        CK(stage_in(be, be->gate, R, I, path_of(be, &L->down, mode), path_of(be, &L->down, mode), &xd,
-                    &xq),
-           "convert");
-        CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
-        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
-    }
+pass ps = {.mode = mode, .step = step, .R = R, .n_logits = n_logits, .d_tok = d_tok, .d_pos = d_pos,
+               .d_kvb = d_kvb, .d_kvs = d_kvs, .d_lrow = d_lrow, .pa = pa};
+    nb_status st = step && be->cfg.cuda_graphs ? run_graph(be, &ps, err, err_len) : run_pass(be, &ps, err, err_len);
+    if (st != NB_OK) return st;
     if (n_logits > 0) {
-        // The rows that need logits are the last n_logits rows of each sequence.
-        int g = 0;
-        r0 = 0;
-        for (int s = 0; s < b->n_seqs; s++) {
-            const nb_fwd_seq *fs = &b->seqs[s];
-            if (fs->n_logits > 0 &&
-                cudaMemcpyAsync(be->xl + (size_t)g * H, be->x + (size_t)(r0 + fs->n_rows - fs->n_logits) * H,
-                                (size_t)fs->n_logits * H * sizeof(float), cudaMemcpyDeviceToDevice,
-                                S) != cudaSuccess)
-                return sync_check(be, "forward: gather", err, err_len);
-            g += fs->n_logits;
-            r0 += fs->n_rows;
-        }
-        const void *xd, *xq;
-        CK(nb_cuda_rmsnorm(be->xl, be->xl, be->out_norm, be->out_norm_dt, n_logits, H, mc->rms_norm_eps, S),
-           "final rmsnorm");
-        lin_path lp = path_of(be, &be->lm_head, mode);
-        CK(stage_in(be, be->xl, n_logits, H, lp, lp, &xd, &xq), "convert");
-        CK(lin_run(be, be->logits, xd, xq, n_logits, &be->lm_head, mode, step), "lm head");
         if (cudaMemcpyAsync(be->logits_h, be->logits, (size_t)n_logits * V * sizeof(float),
                             cudaMemcpyDeviceToHost, S) != cudaSuccess)
             return sync_check(be, "forward: logits download", err, err_len);
     }
-    nb_status st = sync_check(be, "forward", err, err_len);
+    st = sync_check(be, "forward", err, err_len);
     if (st != NB_OK) return st;
     if (n_logits > 0) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
     return NB_OK;
@@ -765,7 +861,14 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
 
     // Per-pass metadata and KV work staging.
     be->tab_cap = cfg->bm->max_seqs * (groups + 4);
-    be->meta_bytes = meta_layout(cfg->max_rows, cfg->max_rows, be->tab_cap).end;
+    be->mo = meta_layout(cfg->max_rows, be->LRp, be->tab_cap);
+    be->meta_bytes = be->mo.end;
+    // cuBLAS gets its workspace from us: no allocation inside a graph capture.
+    if ((st = dev_alloc(be, &be->blas_ws, BLAS_WS, err, err_len))) return st;
+    if (!be->plan_only && cublasSetWorkspace(be->blas, be->blas_ws, BLAS_WS) != CUBLAS_STATUS_SUCCESS) {
+        nb_set_err(err, err_len, "cuda backend: cublasSetWorkspace failed");
+        return NB_ERR_BACKEND;
+    }
     if ((st = dev_alloc(be, (void **)&be->meta_d, be->meta_bytes, err, err_len)) ||
         (st = dev_alloc(be, (void **)&be->work_d, 4 * WORK_BATCH * sizeof(int32_t), err, err_len)))
         return st;
@@ -824,7 +927,7 @@ nb_status nb_backend_cuda_plan(const nb_backend_config *cfg, size_t *static_byte
     st = build_static(&be, err, err_len);
     free(be.layers);
     free(be.uploads);
-    // NOTE: cuBLAS keeps a workspace and its kernels' modules (tens of MiB).
+    // NOTE: cuBLAS's handle and kernel modules, CUDA graphs (tens of MiB).
     *static_bytes = be.dev_bytes + ((size_t)96 << 20);
     return st;
 }

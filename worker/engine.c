@@ -67,6 +67,7 @@ nb_engine_params nb_engine_default_params(void) {
         .draft_int4_kv = true,
         .prefix_cache = true,
         .kv_dtype = -1,
+        .cuda_graphs = true,
     };
 }
 
@@ -186,6 +187,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         .draft_view = p.draft_int4_kv ? NB_KV_VIEW_DRAFT : NB_KV_VIEW_TARGET,
         .max_logit_rows = e->max_logit_rows,
         .device = p.device,
+        .cuda_graphs = p.cuda_graphs,
     };
 #ifdef NB_HAVE_CUDA
     // Memory plan as vLLM: weights and workspace first, the KV pools get the

@@ -59,6 +59,7 @@ typedef struct nb_engine_params {
                                    // engine may use (weights, workspace, KV pools), as vLLM;
                                    // the pools get what is left (kv_memory is ignored). 0: unset
     int device;                 // cuda: device ordinal
+    bool cuda_graphs;           // cuda: CUDA graphs for step passes (default on)
 } nb_engine_params;
 
 // Defaults: cpu, quantized cache, G=128, kv_memory 256 MiB, 16 sequences,
