@@ -198,7 +198,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         double budget = p.gpu_memory_utilization * (double)dtotal - (double)(dtotal - dfree) - (double)stat;
         if (budget < (double)bmp.fpblock_bytes) {
             nb_set_err(err, err_len,
-                       "engine: gpu_memory_utilization %.2f of %.1f GiB leaves no room for the KV cache "
+                       "engine: gpu_memory_utilization %g of %.1f GiB leaves no room for the KV cache "
                        "(%.2f GiB in use on the device, %.2f GiB of weights and workspace)",
                        p.gpu_memory_utilization, dtotal / 1073741824.0, (dtotal - dfree) / 1073741824.0,
                        stat / 1073741824.0);
