@@ -9,8 +9,7 @@
 #include <math.h>
 #include <time.h>
 
-#include "engine_test_util.h"
-#include "tokenizer.h"
+#include "etu_text.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -19,25 +18,12 @@ static double now_s(void) {
 }
 
 static int load_text_tokens(const char *model_dir, int32_t *ids, int cap) {
-    char path[1024], err[256];
+    char err[256];
     nb_tokenizer *tk = NULL;
     if (nb_tokenizer_load(model_dir, &tk, err, sizeof(err)) != NB_OK) return 0;
-    snprintf(path, sizeof(path), "%s/data/spec_bench_questions.jsonl", nb_test_shared_dir());
-    char *txt = etu_read_file(path, NULL);
-    int n = 0;
-    if (txt) ids[n++] = 1;
-    for (char *line = txt ? strtok(txt, "\n") : NULL; line && n < cap; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *t0 = j ? cJSON_GetArrayItem(cJSON_GetObjectItem(j, "turns"), 0) : NULL;
-        int32_t nn = 0;
-        if (cJSON_IsString(t0))
-            nb_tokenizer_encode(tk, t0->valuestring, strlen(t0->valuestring), ids + n, cap - n, &nn);
-        n += nn;
-        cJSON_Delete(j);
-    }
-    free(txt);
+    int n = etu_text_tokens(tk, ids, cap);
     nb_tokenizer_free(&tk);
-    return n < cap ? n : cap;
+    return n;
 }
 
 typedef enum { RUN_FP16_TARGET, RUN_INT8_TARGET, RUN_SPEC } run_kind;
@@ -97,7 +83,6 @@ static double run(const nb_model *m, const int32_t *text, int n_text, run_kind k
         while (done_min < n_new) {
             CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
             CHECK(nb_engine_verify(e, B, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
-            long mn = 1L << 40;
             for (int i = 0; i < B; i++) {
                 CHECK(st[i] == NB_OK);
                 produced += n_out[i];
@@ -106,7 +91,6 @@ static double run(const nb_model *m, const int32_t *text, int n_text, run_kind k
             }
             steps++;
             done_min = produced / B;
-            (void)mn;
         }
     } else {
         CHECK(nb_engine_decode(e, B, seqs, n_new, out, NULL, n_out, st) == NB_OK);

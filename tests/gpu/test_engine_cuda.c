@@ -19,8 +19,7 @@
 #include <math.h>
 #include <time.h>
 
-#include "engine_test_util.h"
-#include "tokenizer.h"
+#include "etu_text.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -140,33 +139,12 @@ static void test_stories(void) {
     nb_model_free(&m);
 }
 
-// A long text from ../shared/data for the logits comparison.
-static int load_text_tokens(nb_tokenizer *tk, int32_t *ids, int cap) {
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/data/spec_bench_questions.jsonl", nb_test_shared_dir());
-    char *txt = etu_read_file(path, NULL);
-    if (!txt) return 0;
-    int n = 0;
-    ids[n++] = 1;
-    for (char *line = strtok(txt, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *t0 = j ? cJSON_GetArrayItem(cJSON_GetObjectItem(j, "turns"), 0) : NULL;
-        int32_t nn = 0;
-        if (cJSON_IsString(t0))
-            nb_tokenizer_encode(tk, t0->valuestring, strlen(t0->valuestring), ids + n, cap - n, &nn);
-        n += nn;
-        cJSON_Delete(j);
-    }
-    free(txt);
-    return n < cap ? n : cap;
-}
-
 // (2) proxy logits, cuda vs cpu.
 static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
     char err[256];
     int n = 700;
     int32_t *tok = malloc(sizeof(int32_t) * 4096);
-    int got_n = load_text_tokens(tk, tok, 4096);
+    int got_n = etu_text_tokens(tk, tok, 4096);
     CHECKF(got_n >= n, "only %d text tokens", got_n);
     int V = nb_model_get_config(m)->vocab_size;
     nb_engine *ec = make_engine(m, "cpu", true, 128, -1, NB_TARGET_WEIGHTS_MODEL, err);
