@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -1037,10 +1038,22 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     }
 }
 
-template <int D, typename T, int MODE, int M> struct dec_launcher {
+#include "paged_attention_tc.cuh"
+
+// TC: the tensor-core kernel (D 128, quantized views) instead of the scalar
+// one; both take the same work split, threads per CTA and partials.
+template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
     static nb_status run(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-        auto kern = pa_decode_kernel<D, T, MODE, M>;
-        const int smem = dec_smem<D, M>::bytes;
+        static_assert(DNT == TC_NT, "one CTA size for both decode kernels");
+        void (*kern)(const pa_kp);
+        int smem;
+        if constexpr (TC && MODE != NB_PA_FP_ONLY && D == TC_D) {
+            kern = pa_tc_kernel<T, MODE>;
+            smem = tc_cfg<MODE>::smem(0); // + the block-id table, sized below
+        } else {
+            kern = pa_decode_kernel<D, T, MODE, M>;
+            smem = dec_smem<D, M>::bytes;
+        }
         static int occ = 0, dev_sms = 0, dev = -1;
         int cur;
         if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
@@ -1078,6 +1091,17 @@ template <int D, typename T, int MODE, int M> struct dec_launcher {
             return NB_ERR_INVALID_ARG;
         kp.ws_o = (float *)a->workspace;
         kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
+        if constexpr (TC && MODE != NB_PA_FP_ONLY && D == TC_D) {
+            static int attr_smem = 0, attr_dev = -1;
+            smem = tc_cfg<MODE>::smem(kp.upc);
+            if (smem > SMEM_LIMIT) return NB_ERR_UNSUPPORTED; // a block table of ~37k units
+            if (attr_dev != cur || smem > attr_smem) {
+                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+                    return NB_ERR_BACKEND;
+                attr_smem = smem;
+                attr_dev = cur;
+            }
+        }
         dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
         kern<<<grid, DNT, smem, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1091,10 +1115,33 @@ template <int D, typename T, int MODE, int M> struct dec_launcher {
 
 template <int D, typename T, int M> nb_status dec_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
     switch (a->mode) {
-    case NB_PA_DRAFT: return dec_launcher<D, T, NB_PA_DRAFT, M>::run(kp, a, s);
-    case NB_PA_TARGET: return dec_launcher<D, T, NB_PA_TARGET, M>::run(kp, a, s);
-    default: return dec_launcher<D, T, NB_PA_FP_ONLY, M>::run(kp, a, s);
+    case NB_PA_DRAFT: return dec_launcher<D, T, NB_PA_DRAFT, M, false>::run(kp, a, s);
+    case NB_PA_TARGET: return dec_launcher<D, T, NB_PA_TARGET, M, false>::run(kp, a, s);
+    default: return dec_launcher<D, T, NB_PA_FP_ONLY, M, false>::run(kp, a, s);
     }
+}
+template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
+    if (a->mode == NB_PA_DRAFT) return dec_launcher<TC_D, T, NB_PA_DRAFT, TC_M, true>::run(kp, a, s);
+    return dec_launcher<TC_D, T, NB_PA_TARGET, TC_M, true>::run(kp, a, s);
+}
+
+// Which decode kernel runs a D = 128 quantized-view call. The tensor-core
+// kernel costs about the same instructions per cached byte whatever the
+// number of query vectors, the scalar one ~4 FMAs per value and query
+// vector: measured on an H100 (docs/benchmarks.md), the tensor-core kernel
+// wins from 4 query heads per kv head (Llama-3: 1.1-1.3x at >= 16k) and
+// loses with 1 (Llama-2: 0.5-0.7x). The choice depends on the model's
+// head ratio only, never on the rows of a call, so a verify row and the
+// target-only decode row at the same position still take the same kernel
+// (the row-invariance contract of fixed_chunk_groups).
+// NB_PA_TC=0 / NB_PA_TC=1 in the environment force the scalar / tensor-core
+// kernel (benchmarks and tests compare the two; read per call).
+constexpr int TC_MIN_GQA = 4;
+bool use_tc(int gqa) {
+    const char *e = getenv("NB_PA_TC");
+    if (e && e[0] == '0') return false;
+    if (e && e[0] == '1') return true;
+    return gqa >= TC_MIN_GQA;
 }
 template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
     if (M_max <= 1) return dec_by_mode<D, T, 1>(kp, a, s);
@@ -1277,6 +1324,10 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernel only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
+        if (D == TC_D && a->mode != NB_PA_FP_ONLY && M_max <= TC_M && use_tc(g)) {
+            if (a->lay.dtype == NB_DTYPE_F16) return tc_by_mode<__half>(kp, a, stream);
+            return tc_by_mode<__nv_bfloat16>(kp, a, stream);
+        }
         if (D == 128 && a->lay.dtype == NB_DTYPE_F16) return dec_by_m<128, __half>(kp, a, (int)M_max, stream);
         if (D == 128) return dec_by_m<128, __nv_bfloat16>(kp, a, (int)M_max, stream);
         if (a->lay.dtype == NB_DTYPE_F16) return dec_by_m<64, __half>(kp, a, (int)M_max, stream);

@@ -13,12 +13,17 @@
 // per-token (S_t, Z_t) fold into the softmax weights the same way. The DRAFT
 // view never touches the lower plane (its kernel has no code that reads it).
 //
-// Two kernels share that plan. Decode and short verify (rows x GQA group
+// Three kernels share that plan. Decode and short verify (rows x GQA group
 // <= 8 query vectors per kv head, D 64 or 128, f16/bf16, G % 32 == 0,
-// 16-byte aligned pools): a warp owns 32-token slices and reads them straight
-// from global memory (K: lane = token, 16-byte loads; V: lanes split D in
-// 8-channel words), 4 warps a CTA, merged in shared memory. Everything else
-// (more query vectors, other D / G, f32): the cp.async tile kernel.
+// 16-byte aligned pools): a warp owns 32-token slices, 4 warps a CTA, merged
+// in shared memory; either the scalar kernel (K: lane = token, 16-byte
+// loads; V: lanes split D in 8-channel words; f32 FMAs) or, for D = 128
+// quantized views of models with >= 4 query heads per kv head, the
+// tensor-core kernel (paged_attention_tc.cuh: mma.sync on nibble codes
+// turned into exact f16, q*S split hi + lo, f16 softmax weights; per-warp
+// cp.async rings). NB_PA_TC=0 / 1 in the environment forces the scalar /
+// tensor-core kernel where both apply. Everything else (more query vectors,
+// other D / G, f32): the cp.async tile kernel.
 //
 // Which positions a query row reads quantized (nb_bm_view_qblocks_for_row,
 // replicated on the device): with canonical(p) = p >= 2G ? p/G - 1 : 0, a row

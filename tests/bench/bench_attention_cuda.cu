@@ -163,8 +163,15 @@ int main(int argc, char **argv) {
         const char *name;
         int hkv;
     } models[2] = {{"llama2-7b", 32}, {"llama3-8b", 8}};
-    const nb_pa_mode modes[3] = {NB_PA_FP_ONLY, NB_PA_TARGET, NB_PA_DRAFT};
-    const char *mode_names[3] = {"nibbler-fp16", "nibbler-int8-target", "nibbler-int4-draft"};
+    // The first three rows take the built-in kernel choice; the last four
+    // force the scalar (f32 FMA) decode kernel (NB_PA_TC=0) and the
+    // tensor-core one (NB_PA_TC=1) for the same calls, to compare the two.
+    const nb_pa_mode modes[7] = {NB_PA_FP_ONLY, NB_PA_TARGET, NB_PA_DRAFT, NB_PA_TARGET,
+                                 NB_PA_DRAFT,   NB_PA_TARGET, NB_PA_DRAFT};
+    const char *mode_names[7] = {"nibbler-fp16",           "nibbler-int8-target",   "nibbler-int4-draft",
+                                 "nibbler-int8-target-fma", "nibbler-int4-draft-fma", "nibbler-int8-target-tc",
+                                 "nibbler-int4-draft-tc"};
+    const char *tc_env[7] = {NULL, NULL, NULL, "0", "0", "1", "1"};
 
     printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s\n\n", peak);
     printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
@@ -172,7 +179,9 @@ int main(int argc, char **argv) {
     for (int mi = 0; mi < 2; mi++)
         for (int bi = 0; bi < 2; bi++)
             for (int ci = 0; ci < n_ctx; ci++)
-                for (int md = 0; md < 3; md++) {
+                for (int md = 0; md < 7; md++) {
+                    if (tc_env[md]) setenv("NB_PA_TC", tc_env[md], 1);
+                    else unsetenv("NB_PA_TC");
                     const int B = batches[bi], ctx = ctxs_all[ci], hkv = models[mi].hkv;
                     nb_kv_layout l = lay;
                     l.n_kv_heads = hkv;

@@ -2,7 +2,9 @@
 """compare_attention: joins bench_attention_cuda and bench_attention_sdpa
 tables into one markdown table with speedups over SDPA and the goals
 (draft >= 3.3x SDPA at >= 32k, target >= 1.8x, every kernel >= 80% of
-measured peak at >= 32k) marked.
+measured peak at >= 32k) marked, and the tensor-core decode kernel's gain over the scalar one for
+the quantized views (the forced "-tc" and "-fma" rows; the main columns
+take the built-in choice).
 
 usage: compare_attention.py CUDA_TABLE.md SDPA_TABLE.md
 """
@@ -25,13 +27,16 @@ def rows(path):
 def main():
     cu, sd = rows(sys.argv[1]), rows(sys.argv[2])
     print("| model | batch | ctx | SDPA ms | fp16 ms | int8-target ms | int4-draft ms | fp16/SDPA | "
-          "target/SDPA | draft/SDPA | % peak fp16 / target / draft / SDPA | goals |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "target/SDPA | draft/SDPA | % peak fp16 / target / draft / SDPA | tensor-core gain target / draft | goals |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     n_ok = n_goal = 0
     for key in sorted(set(cu) | set(sd)):
         c, s = cu.get(key, {}), sd.get(key, {}).get("sdpa")
         get = lambda k: c.get(k, (float("nan"), float("nan")))
         f, t, d = get("fp16"), get("int8-target"), get("int4-draft")
+        tf, df = get("int8-target-fma"), get("int4-draft-fma")
+        tt, dt = get("int8-target-tc"), get("int4-draft-tc")
+        gain = f"{tf[0] / tt[0]:.2f}x / {df[0] / dt[0]:.2f}x"
         sms = s[0] if s else float("nan")
         sp = lambda x: sms / x[0] if s and x[0] == x[0] else float("nan")
         goals = ""
@@ -42,7 +47,7 @@ def main():
             goals = " ".join(("ok" if o else "MISS") + ":" + n for o, n in zip(ok, ("draft3.3x", "target1.8x", "80%peak")))
         pk = " / ".join(f"{x:.0f}" for x in (f[1], t[1], d[1], s[1] if s else float("nan")))
         print(f"| {key[0]} | {key[1]} | {key[2]} | {sms:.4f} | {f[0]:.4f} | {t[0]:.4f} | {d[0]:.4f} | "
-              f"{sp(f):.2f}x | {sp(t):.2f}x | {sp(d):.2f}x | {pk} | {goals} |")
+              f"{sp(f):.2f}x | {sp(t):.2f}x | {sp(d):.2f}x | {pk} | {gain} | {goals} |")
     print(f"\ngoals met at >= 32k: {n_ok} of {n_goal}")
 
 
