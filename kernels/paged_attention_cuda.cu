@@ -722,6 +722,60 @@ template <int D, int M> struct dec_smem {
     static constexpr int bytes = ml + DNW * M * 2 * 4;
 };
 
+// Index of query vector m's partial (o, max, sum) of this chunk in the
+// workspace, for a decode CTA of (chunk, kv head, sequence).
+__device__ __forceinline__ size_t dec_pidx(const pa_kp &P, int seq, int chunk, int kvh, int m) {
+    const int r = m / P.g, h = kvh * P.g + m % P.g;
+    return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
+}
+
+// The NW warps of a decode CTA merge their partials (both decode kernels):
+// mo [NW][M][D] unnormalized outputs and mlp [NW][M][2] (max, sum) in shared
+// memory, written before a __syncthreads. Writes the normalized output when
+// the call has one batch-tuned chunk, else the chunk's partial for
+// pa_merge_kernel. Merged in a fixed warp order (deterministic).
+template <int NW, int M, int D>
+__device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
+                                              int Mt, const float *mo, const float *mlp) {
+    const int g = P.g;
+    for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
+        const int m = i / D, c = i - m * D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+            if (mlp[2 * (w * M + m) + 1] > 0.0f) mx = fmaxf(mx, mlp[2 * (w * M + m)]);
+        float o = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            const float lw = mlp[2 * (w * M + m) + 1];
+            if (lw > 0.0f) {
+                const float f = exp2f(mlp[2 * (w * M + m)] - mx);
+                o = fmaf(mo[(w * M + m) * D + c], f, o);
+                l = fmaf(lw, f, l);
+            }
+        }
+        if (P.n_chunks == 1 && !P.inv) {
+            P.out[((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c] = o / l;
+        } else {
+            const size_t pi = dec_pidx(P, seq, chunk, kvh, m);
+            P.ws_o[pi * D + c] = o;
+            if (c == 0) {
+                P.ws_ml[2 * pi] = mx;
+                P.ws_ml[2 * pi + 1] = l;
+            }
+        }
+    }
+}
+
+// An empty chunk still tells the merge it holds nothing.
+__device__ __forceinline__ void dec_empty_chunk(const pa_kp &P, int seq, int chunk, int kvh, int Mt) {
+    for (int m = threadIdx.x; m < Mt; m += blockDim.x) {
+        const size_t pi = dec_pidx(P, seq, chunk, kvh, m);
+        P.ws_ml[2 * pi] = -INFINITY;
+        P.ws_ml[2 * pi + 1] = 0.0f;
+    }
+}
+
 template <int D, typename T, int MODE, int M>
 __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
@@ -753,15 +807,8 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     const int u0 = P.inv ? 0 : chunk * P.upc;
     const int u1 = P.inv ? ((long)chunk * P.upc * G < pos_end ? 1 : 0) : min(nU, u0 + P.upc);
     const int Mt = S.n_rows * g; // <= M
-    auto pidx = [&](int m) {
-        const int r = m / g, h = kvh * g + m % g;
-        return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
-    };
     if (u0 >= u1) {
-        for (int m = tid; m < Mt; m += DNT) {
-            P.ws_ml[2 * pidx(m)] = -INFINITY;
-            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
-        }
+        dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
     for (int i = tid; i < M * D; i += DNT) {
@@ -1009,33 +1056,7 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
         }
     }
     __syncthreads();
-    for (int i = tid; i < Mt * D; i += DNT) {
-        const int m = i / D, c = i - m * D;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < DNW; w++)
-            if (mlp[2 * (w * M + m) + 1] > 0.0f) mx = fmaxf(mx, mlp[2 * (w * M + m)]);
-        float o = 0.0f, l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DNW; w++) {
-            const float lw = mlp[2 * (w * M + m) + 1];
-            if (lw > 0.0f) {
-                const float f = exp2f(mlp[2 * (w * M + m)] - mx);
-                o = fmaf(mo[(w * M + m) * D + c], f, o);
-                l = fmaf(lw, f, l);
-            }
-        }
-        if (P.n_chunks == 1 && !P.inv) {
-            P.out[((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c] = o / l;
-        } else {
-            const size_t pi = pidx(m);
-            P.ws_o[pi * D + c] = o;
-            if (c == 0) {
-                P.ws_ml[2 * pi] = mx;
-                P.ws_ml[2 * pi + 1] = l;
-            }
-        }
-    }
+    dec_cta_merge<DNW, M, D>(P, S, seq, chunk, kvh, Mt, mo, mlp);
 }
 
 #include "paged_attention_tc.cuh"

@@ -165,15 +165,8 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
     const int u0 = P.inv ? 0 : chunk * P.upc;
     const int u1 = P.inv ? ((long)chunk * P.upc * G < pos_end ? 1 : 0) : min(nU, u0 + P.upc);
     const int Mt = S.n_rows * gq; // <= 8
-    auto pidx = [&](int m) {
-        const int r = m / gq, h = kvh * gq + m % gq;
-        return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
-    };
     if (u0 >= u1) {
-        for (int m = tid; m < Mt; m += TC_NT) {
-            P.ws_ml[2 * pidx(m)] = -INFINITY;
-            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
-        }
+        dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
     for (int i = tid; i < TC_M * D; i += TC_NT) {
@@ -592,31 +585,5 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         }
     }
     __syncthreads();
-    for (int i = tid; i < Mt * D; i += TC_NT) {
-        const int m = i / D, c = i - m * D;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < TC_NW; w++)
-            if (mlp[2 * (w * TC_M + m) + 1] > 0.0f) mx = fmaxf(mx, mlp[2 * (w * TC_M + m)]);
-        float o = 0.0f, l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < TC_NW; w++) {
-            const float lw = mlp[2 * (w * TC_M + m) + 1];
-            if (lw > 0.0f) {
-                const float f = exp2f(mlp[2 * (w * TC_M + m)] - mx);
-                o = fmaf(mo[(w * TC_M + m) * D + c], f, o);
-                l = fmaf(lw, f, l);
-            }
-        }
-        if (P.n_chunks == 1 && !P.inv) {
-            P.out[((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D + c] = o / l;
-        } else {
-            const size_t pi = pidx(m);
-            P.ws_o[pi * D + c] = o;
-            if (c == 0) {
-                P.ws_ml[2 * pi] = mx;
-                P.ws_ml[2 * pi + 1] = l;
-            }
-        }
-    }
+    dec_cta_merge<TC_NW, TC_M, D>(P, S, seq, chunk, kvh, Mt, mo, mlp);
 }
