@@ -29,6 +29,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 namespace {
 
 constexpr int kWarps = 8;            // warps per block; they split k
@@ -60,6 +62,7 @@ template <> struct Deq<__half> {
     static constexpr uint32_t kU8Mul = 0x4c004c00u;  // 16.0
     static constexpr uint32_t kU8Add = 0xf400f400u;  // -16384: 16U
     static constexpr uint32_t kLAdd = 0xe408e408u;   // -1032: (L + 8) - 8
+    static constexpr bool kSubnormalU4 = true;       // see deq_u
 };
 template <> struct Deq<__nv_bfloat16> {
     static constexpr uint32_t kMagic = 0x43004300u;  // 128 + code (exact to 127)
@@ -68,6 +71,8 @@ template <> struct Deq<__nv_bfloat16> {
     static constexpr uint32_t kU8Mul = 0x41804180u;  // 16.0
     static constexpr uint32_t kU8Add = 0xc500c500u;  // -2048
     static constexpr uint32_t kLAdd = 0xc308c308u;   // -136
+    // NOTE: no bf16 subnormal trick: U * 2^-133 times a small x underflows f32.
+    static constexpr bool kSubnormalU4 = false;
 };
 
 template <typename XT> __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c);
@@ -88,6 +93,30 @@ template <typename XT>
 __device__ __forceinline__ uint32_t deq(uint32_t q, int shift, uint32_t mul, uint32_t add) {
     uint32_t h = ((q >> shift) & 0x000f000fu) | Deq<XT>::kMagic;
     return fma2<XT>(h, mul, add);
+}
+
+// The upper-plane codes i and i+4 of word q (i = shift / 4) as an mma
+// operand. 8-bit view: 16U (magic, then one fma). 4-bit view: U, except in
+// f16, where the masked bits already are the f16 subnormals U * 2^-24: one
+// instruction instead of three, and exact, as are their products with x
+// (>= 2^-48 in magnitude, far from f32's subnormals). sc_view() scales the
+// group scale by 2^24 to match, so sc * acc is the same f32 value, bit for
+// bit, as with U itself: every product and partial sum of the mma, and acc,
+// is the same value times 2^-24.
+template <typename XT, bool LOWER>
+__device__ __forceinline__ uint32_t deq_u(uint32_t q, int shift) {
+    if (LOWER) return deq<XT>(q, shift, Deq<XT>::kU8Mul, Deq<XT>::kU8Add);
+    if (Deq<XT>::kSubnormalU4) return (q >> shift) & 0x000f000fu;
+    return deq<XT>(q, shift, Deq<XT>::kOne, Deq<XT>::kU4Add);
+}
+// The lower-plane codes (8-bit view): L = stored - 8.
+template <typename XT> __device__ __forceinline__ uint32_t deq_l(uint32_t q, int shift) {
+    return deq<XT>(q, shift, Deq<XT>::kOne, Deq<XT>::kLAdd);
+}
+// The factor applied to a group's dot product for the group's scale s.
+template <typename XT, bool LOWER> __device__ __forceinline__ float sc_view(float s) {
+    if (LOWER) return s * 0.0625f;  // s/16 is exact (a power-of-two scaling of an f16)
+    return Deq<XT>::kSubnormalU4 ? s * 16777216.0f : s;  // 2^24, exact
 }
 
 // d += A(16x16) * B(16x8), f32 accumulators.
@@ -229,8 +258,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
                 for (int h = 0; h < 2; h++) {
                     const bool ok = gok && rok[r][h];
                     float s = ok ? f16_bits_to_f32(__ldg(wsc[r][h] + grp)) : 0.0f;
-                    // NOTE: s/16 is exact (a power-of-two scaling of an f16).
-                    sc[u][r][h] = LOWER ? s * 0.0625f : s;
+                    sc[u][r][h] = sc_view<XT, LOWER>(s);
                     zc[u][r][h] = ok ? f16_bits_to_f32(__ldg(wzr[r][h] + grp)) : 0.0f;
                 }
             }
@@ -277,29 +305,26 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     const uint32_t q0 = word(qu[u][r][0], w), q1 = word(qu[u][r][1], w);
-                    const uint32_t umul = LOWER ? Deq<XT>::kU8Mul : Deq<XT>::kOne;
-                    const uint32_t uadd = LOWER ? Deq<XT>::kU8Add : Deq<XT>::kU4Add;
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const int sh = 8 * hh;
-                        const uint32_t a0 = deq<XT>(q0, sh, umul, uadd);
-                        const uint32_t a1 = deq<XT>(q1, sh, umul, uadd);
-                        const uint32_t a2 = deq<XT>(q0, sh + 4, umul, uadd);
-                        const uint32_t a3 = deq<XT>(q1, sh + 4, umul, uadd);
+                        const uint32_t a0 = deq_u<XT, LOWER>(q0, sh);
+                        const uint32_t a1 = deq_u<XT, LOWER>(q1, sh);
+                        const uint32_t a2 = deq_u<XT, LOWER>(q0, sh + 4);
+                        const uint32_t a3 = deq_u<XT, LOWER>(q1, sh + 4);
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++)
                             mma<XT>(acc[r][nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
                     }
                     if (LOWER) {
                         const uint32_t l0 = word(ql[u][r][0], w), l1 = word(ql[u][r][1], w);
-                        const uint32_t one = Deq<XT>::kOne, ladd = Deq<XT>::kLAdd;
 #pragma unroll
                         for (int hh = 0; hh < 2; hh++) {
                             const int sh = 8 * hh;
-                            const uint32_t a0 = deq<XT>(l0, sh, one, ladd);
-                            const uint32_t a1 = deq<XT>(l1, sh, one, ladd);
-                            const uint32_t a2 = deq<XT>(l0, sh + 4, one, ladd);
-                            const uint32_t a3 = deq<XT>(l1, sh + 4, one, ladd);
+                            const uint32_t a0 = deq_l<XT>(l0, sh);
+                            const uint32_t a1 = deq_l<XT>(l1, sh);
+                            const uint32_t a2 = deq_l<XT>(l0, sh + 4);
+                            const uint32_t a3 = deq_l<XT>(l1, sh + 4);
 #pragma unroll
                             for (int nt = 0; nt < NT; nt++)
                                 mma<XT>(acc[r][nt], a0, a1, a2, a3, b[nt][2 * hh],
@@ -339,6 +364,286 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
         if (p.bias) v += load_any(p.bias, p.bias_dt, row);
         store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
     }
+}
+
+// ---- The decode kernel (n <= 8 rows of x) ----
+//
+// The arithmetic per output is the tile kernel's at NT = 1 (same lane
+// layout, same mma sequence per group, the same groups per warp: warp w
+// takes groups w, w+8, ... of every tile, the same 8-warp sum in shared
+// memory), so a row of x gets the same bits whether it comes with 0 or 15
+// other rows (the engine's verify and decode rows rely on it). What differs
+// is how the weights arrive and what is done once instead of per tile:
+//   - blocks are persistent: grid = ceil(tiles / ceil(tiles / resident)), so
+//     every block walks about the same number of 16-row tiles (strided) and
+//     the machine has no half-empty last wave;
+//   - each warp streams its (tile, group) items through an ST-deep cp.async
+//     ring in shared memory (GvStages), issuing item i + ST as it
+//     finishes item i, across tile boundaries, so loads are always in
+//     flight. Each lane copies its own plane bytes; the four lanes of a quad
+//     copy one scale or zero pair each (read by the whole quad after a
+//     __syncwarp);
+//   - the group sums of x (the zero term) depend only on the group, so each
+//     warp computes its groups' sums once (the same mma as the tile kernel)
+//     into shared memory;
+//   - the ring's cursor moves by increments (no division per item), and
+//     per-tile pointers are set up once per tile;
+//   - programmatic dependent launch: the ring's first ST items (weights
+//     only: they never depend on an earlier kernel) are requested before
+//     griddepcontrol.wait, so with the launch attribute this launch's weight
+//     stream starts while the previous kernel drains; x, the bias and the
+//     output are touched only after the wait.
+
+template <bool LOWER, int ST> struct Gv {
+    static constexpr int kU = 0;                    // uint4 [2][32]: upper plane bytes
+    static constexpr int kL = 1024;                 // uint4 [2][32]: lower plane bytes
+    static constexpr int kSZ = LOWER ? 2048 : 1024; // uint32 [8 g][4]: sc(g), sc(g+8), z(g), z(g+8) pairs
+    static constexpr int kSlot = kSZ + 128;
+    static constexpr int kRing = kSlot * ST * kWarps;  // ring bytes per block
+};
+// Dynamic shared memory of one launch: the ring, then xs[warp][j][8] f32.
+template <bool LOWER, int ST> size_t gv_smem_bytes(int cw_max) {
+    return (size_t)Gv<LOWER, ST>::kRing + (size_t)kWarps * cw_max * 8 * sizeof(float);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// 16 (4) bytes global -> shared, or zeros when !ok (nothing is read then).
+__device__ __forceinline__ void cp16z(uint32_t s, const void *g, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp4z(uint32_t s, const void *g, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(g),
+                 "r"(ok ? 4 : 0)
+                 : "memory");
+}
+// NOTE: the "memory" clobbers keep the compiler from moving the ring's
+// plain shared-memory reads across a wait or a refill.
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Grid: see launch_gemv; block: kWarps warps; dynamic shared memory
+// gv_smem_bytes(cw_max). Needs scale and zero 4-byte aligned (they are
+// copied as aligned pairs), k % 128 == 0, 1 <= p.n <= 8.
+template <typename XT, bool LOWER, int ST>
+__global__ void __launch_bounds__(kThreads, 2)
+    wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
+    extern __shared__ __align__(16) unsigned char gv_smem[];
+    __shared__ float red[2][kWarps][8][16];
+    using L = Gv<LOWER, ST>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int ng = p.k / kGroup;
+    const size_t rbytes = (size_t)p.k / 2;
+    const int cw = warp < ng ? (ng - warp + kWarps - 1) / kWarps : 0;  // groups per tile
+    const int my_tiles = (int)blockIdx.x < ntiles
+                             ? (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x
+                             : 0;
+    const uint32_t ring = smem_addr(gv_smem) + warp * (L::kSlot * ST);
+    float *xs_s = reinterpret_cast<float *>(gv_smem + L::kRing) + (size_t)warp * cw_max * 8;
+
+    // The prefetch cursor: tile pf_tl (of this block's), group index pf_j,
+    // slot pf_s; per-tile bases for this lane's copies.
+    int pf_tl = 0, pf_j = 0, pf_s = 0;
+    const uint8_t *bu[2] = {nullptr, nullptr}, *bl[2] = {nullptr, nullptr};
+    const uint16_t *bsz = nullptr;  // this lane's scale/zero pair, group `warp`
+    bool okh[2] = {false, false}, oksz = false;
+    auto setup = [&](int tl) {
+        const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = tile * 16 + g + 8 * h;
+            okh[h] = row < p.m;
+            const size_t rr = okh[h] ? (size_t)row : 0;
+            bu[h] = p.upper + rr * rbytes + (size_t)warp * 64 + t * 16;
+            if (LOWER) bl[h] = p.lower + rr * rbytes + (size_t)warp * 64 + t * 16;
+        }
+        // Lane t copies the pair holding sc(g), sc(g+8), z(g), z(g+8) for t = 0..3.
+        const int row = tile * 16 + g + 8 * (t & 1);
+        oksz = row < p.m;
+        const size_t e = (oksz ? (size_t)row : 0) * ng + warp;
+        bsz = (t < 2 ? p.scale : p.zero) + (e & ~(size_t)1);
+    };
+    // NOTE: the next kernel (when launched with the PDL attribute) may be
+    // scheduled once every warp of every block has either triggered or
+    // exited; it waits in its own griddepcontrol.wait for this grid to
+    // finish before it reads anything this grid writes. Triggering when the
+    // last weight load is issued (not at the start) keeps the next launch's
+    // blocks from taking this launch's slots while it still streams.
+    auto trigger = [] { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); };
+    auto issue = [&]() {
+        if (pf_tl < my_tiles) {
+            const uint32_t s = ring + pf_s * L::kSlot;
+            const size_t off = (size_t)pf_j * (kWarps * 64);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                cp16z(s + L::kU + (h * 32 + lane) * 16, bu[h] + off, okh[h]);
+                if (LOWER) cp16z(s + L::kL + (h * 32 + lane) * 16, bl[h] + off, okh[h]);
+            }
+            cp4z(s + L::kSZ + lane * 4, bsz + (size_t)pf_j * kWarps, oksz);
+            pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
+            if (++pf_j == cw) {
+                pf_j = 0;
+                if (++pf_tl < my_tiles) setup(pf_tl);
+                else trigger();  // this warp's last weight load is in flight
+            }
+        }
+        cp_commit();  // an empty group past the end keeps the wait count uniform
+    };
+    if (cw > 0 && my_tiles > 0) setup(0);
+    else trigger();
+    if (cw > 0) {
+#pragma unroll
+        for (int s = 0; s < ST; s++) issue();
+    }
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+    const bool xok = g < p.n;
+    const uint8_t *xb =
+        static_cast<const uint8_t *>(p.x) + (size_t)(xok ? g : 0) * p.k * 2 + t * 64;
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+    // b[w][0..3]: the B fragments of x for word w of this lane's 16 bytes;
+    // x elements (2hh, 2hh+4), (2hh+1, 2hh+5) of the 8 in that word, matching
+    // the A fragments.
+    auto load_b = [&](int grp, uint32_t (&b)[4][4]) {
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const uint4 v = xok ? __ldg(reinterpret_cast<const uint4 *>(
+                                      xb + (size_t)grp * (kGroup * 2) + w * 16))
+                                : z4;
+            b[w][0] = __byte_perm(v.x, v.z, 0x5410);
+            b[w][1] = __byte_perm(v.x, v.z, 0x7632);
+            b[w][2] = __byte_perm(v.y, v.w, 0x5410);
+            b[w][3] = __byte_perm(v.y, v.w, 0x7632);
+        }
+    };
+    // The group sums, as the tile kernel forms them (an mma with A = ones).
+    for (int j = 0; j < cw; j++) {
+        uint32_t b[4][4];
+        load_b(warp + j * kWarps, b);
+        float xs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const uint32_t one = Deq<XT>::kOne;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            mma<XT>(xs, one, one, one, one, b[w][0], b[w][1]);
+            mma<XT>(xs, one, one, one, one, b[w][2], b[w][3]);
+        }
+        if (g == 0) {
+            xs_s[j * 8 + 2 * t] = xs[0];
+            xs_s[j * 8 + 2 * t + 1] = xs[1];
+        }
+    }
+    __syncwarp();
+
+    int cs = 0;  // the slot consumed next
+    for (int tl = 0; tl < my_tiles; tl++) {
+        const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
+        // Which half of each copied pair is ours (the pair is aligned down).
+        int sh[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = tile * 16 + g + 8 * h;
+            sh[h] = (int)((((row < p.m ? (size_t)row : 0) * ng + warp) & 1) * 16);
+        }
+        float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // N consecutive items at once (two independent mma chains and one
+        // exposed x-load latency per pair); the per-item arithmetic and the
+        // order of the tot updates are those of one item at a time.
+        auto step = [&](auto n_items, int j) {
+            constexpr int N = decltype(n_items)::value;
+            uint32_t b[N][4][4];
+#pragma unroll
+            for (int u = 0; u < N; u++) load_b(warp + (j + u) * kWarps, b[u]);
+            cp_wait<ST - N>();
+            __syncwarp();  // the scale/zero pairs were copied by other lanes
+            float acc[N][4], sc[N][2], zc[N][2], xs[N][4];
+            uint4 qu[N][2], ql[N][2];
+#pragma unroll
+            for (int u = 0; u < N; u++) {
+                const int slot = cs + u < ST ? cs + u : cs + u - ST;
+                const unsigned char *s = gv_smem + (warp * (L::kSlot * ST) + slot * L::kSlot);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    qu[u][h] = *reinterpret_cast<const uint4 *>(s + L::kU + (h * 32 + lane) * 16);
+                    if (LOWER)
+                        ql[u][h] = *reinterpret_cast<const uint4 *>(s + L::kL + (h * 32 + lane) * 16);
+                }
+                const uint4 szw = *reinterpret_cast<const uint4 *>(s + L::kSZ + g * 16);
+                const float2 xsv = *reinterpret_cast<const float2 *>(xs_s + (j + u) * 8 + 2 * t);
+                xs[u][0] = xs[u][2] = xsv.x;
+                xs[u][1] = xs[u][3] = xsv.y;
+                sc[u][0] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.x >> sh[0])));
+                sc[u][1] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.y >> sh[1])));
+                zc[u][0] = f16_bits_to_f32((uint16_t)(szw.z >> sh[0]));
+                zc[u][1] = f16_bits_to_f32((uint16_t)(szw.w >> sh[1]));
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[u][i] = 0.0f;
+            }
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+#pragma unroll
+                for (int u = 0; u < N; u++) {
+                    const uint32_t q0 = word(qu[u][0], w), q1 = word(qu[u][1], w);
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int sh4 = 8 * hh;
+                        mma<XT>(acc[u], deq_u<XT, LOWER>(q0, sh4), deq_u<XT, LOWER>(q1, sh4),
+                                deq_u<XT, LOWER>(q0, sh4 + 4), deq_u<XT, LOWER>(q1, sh4 + 4),
+                                b[u][w][2 * hh], b[u][w][2 * hh + 1]);
+                    }
+                    if (LOWER) {
+                        const uint32_t l0 = word(ql[u][0], w), l1 = word(ql[u][1], w);
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int sh4 = 8 * hh;
+                            mma<XT>(acc[u], deq_l<XT>(l0, sh4), deq_l<XT>(l1, sh4),
+                                    deq_l<XT>(l0, sh4 + 4), deq_l<XT>(l1, sh4 + 4),
+                                    b[u][w][2 * hh], b[u][w][2 * hh + 1]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < N; u++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    tot[i] += __fmul_rn(sc[u][i >> 1], acc[u][i]) + __fmul_rn(zc[u][i >> 1], xs[u][i]);
+            __syncwarp();  // every lane has read the slots before they are refilled
+#pragma unroll
+            for (int u = 0; u < N; u++) issue();
+            cs = cs + N < ST ? cs + N : cs + N - ST;
+        };
+        int j = 0;
+        for (; j + 2 <= cw; j += 2) step(std::integral_constant<int, 2>{}, j);
+        if (j < cw) step(std::integral_constant<int, 1>{}, j);
+        // tot[i]: weight row g + 8*(i/2) of the tile, x row 2t + i%2.
+        float (*rb)[8][16] = red[tl & 1];
+#pragma unroll
+        for (int i = 0; i < 4; i++) rb[warp][2 * t + (i & 1)][g + (i >> 1) * 8] = tot[i];
+        // NOTE: one barrier per tile: red is double-buffered, and a buffer is
+        // rewritten two tiles later, after every reader has passed the
+        // barrier in between.
+        __syncthreads();
+        if (threadIdx.x < 8 * 16) {
+            const int xc = threadIdx.x / 16, rl = threadIdx.x % 16;
+            const int row = tile * 16 + rl;
+            if (row < p.m && xc < p.n) {
+                float v = rb[0][xc][rl];
+#pragma unroll
+                for (int w = 1; w < kWarps; w++) v += rb[w][xc][rl];
+                if (p.bias) v += load_any(p.bias, p.bias_dt, row);
+                store_any(p.out, p.out_dt, (size_t)xc * p.m + row, v);
+            }
+        }
+    }
+    cp_wait<0>();
 }
 
 // Any supported k (group size gs = 32..128): one thread per output, the same
@@ -407,6 +712,87 @@ __global__ void bias_add_kernel(void *out, int out_dt, const void *bias, int bia
     store_any(out, out_dt, idx, load_any(out, out_dt, idx) + load_any(bias, bias_dt, j));
 }
 
+int g_pdl = -1;  // -1: NB_WQ_PDL from the environment (default on); 0/1: set
+int g_gemv = -1; // -1: NB_WQ_GEMV from the environment (default on); 0/1: set
+
+bool gemv_on() {
+    if (g_gemv < 0) {
+        const char *e = getenv("NB_WQ_GEMV");
+        g_gemv = !(e && e[0] == '0');
+    }
+    return g_gemv != 0;
+}
+
+bool pdl_on() {
+    if (g_pdl < 0) {
+        const char *e = getenv("NB_WQ_PDL");
+        g_pdl = !(e && e[0] == '0');
+    }
+    return g_pdl != 0;
+}
+
+// Ring depth of the decode kernel: 8 items of 1 KB per warp for the 4-bit
+// view (two 16-row tiles of a k = 4096 matrix in flight per block; 2 blocks
+// per SM), 4 items of 2 KB for the 8-bit view (the same bytes). Measured on
+// an H100 against 4 and 6 for the 4-bit view (docs/benchmarks.md).
+template <bool LOWER> struct GvStages {
+    static constexpr int kValue = LOWER ? 4 : 8;
+};
+
+// Resident blocks of one decode-kernel instantiation on the current device,
+// for the dynamic shared memory of a size class (the group sums' area grows
+// with k; classes are powers of two of groups per warp, 4 to 256), computed
+// once per device and class; the dynamic shared memory limit is raised at
+// the same time. Returns 0 and sets *err on a CUDA error.
+template <typename XT, bool LOWER>
+int gemv_resident(int cls, size_t smem, cudaError_t *err) {
+    constexpr int kMaxDev = 64, kClasses = 7;
+    static int cached[kMaxDev][kClasses];
+    int dev = 0;
+    *err = cudaGetDevice(&dev);
+    if (*err != cudaSuccess) return 0;
+    const bool slot = dev >= 0 && dev < kMaxDev && cls >= 0 && cls < kClasses;
+    if (slot && cached[dev][cls] > 0) return cached[dev][cls];
+    constexpr int ST = GvStages<LOWER>::kValue;
+    const void *fn = reinterpret_cast<const void *>(wq_gemv_kernel<XT, LOWER, ST>);
+    *err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 0, sms = 0;
+    if (*err == cudaSuccess)
+        *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem);
+    if (*err == cudaSuccess) *err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (*err != cudaSuccess) return 0;
+    const int r = per_sm * sms > 0 ? per_sm * sms : 1;
+    if (slot) cached[dev][cls] = r;
+    return r;
+}
+
+template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+    constexpr int ST = GvStages<LOWER>::kValue;
+    const int ng = p.k / kGroup;
+    int cw_max = 4, cls = 0;  // the size class: cw_max rounded up to 4 * 2^cls
+    while (cw_max < (ng + kWarps - 1) / kWarps) {
+        cw_max *= 2;
+        cls++;
+    }
+    const size_t smem = gv_smem_bytes<LOWER, ST>(cw_max);
+    cudaError_t err;
+    const int resident = gemv_resident<XT, LOWER>(cls, smem, &err);
+    if (err != cudaSuccess) return err;
+    const int ntiles = (p.m + 15) / 16;
+    const int per_block = (ntiles + resident - 1) / resident;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((ntiles + per_block - 1) / per_block));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_on() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, wq_gemv_kernel<XT, LOWER, ST>, p, ntiles, cw_max);
+}
+
 template <typename XT, int NT, int R, bool LOWER>
 void launch_mma(const WqParams &p, cudaStream_t stream) {
     const dim3 grid((unsigned)((p.m + R * 16 - 1) / (R * 16)),
@@ -451,6 +837,10 @@ extern "C" void nb_cuda_matmul_wq_set_tile_rows(int rows) {
     g_tile_rows = rows == 16 || rows == 32 ? rows : 0;
 }
 
+extern "C" void nb_cuda_matmul_wq_set_pdl(int on) { g_pdl = on < 0 ? -1 : on != 0; }
+
+extern "C" void nb_cuda_matmul_wq_set_decode_kernel(int on) { g_gemv = on < 0 ? -1 : on != 0; }
+
 extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x, nb_dtype x_dt,
                                        const nb_wq_tensor *w, int use_lower, const void *bias,
                                        nb_dtype bias_dt, int n, int m, int k, void *workspace,
@@ -479,12 +869,29 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     p.k = k;
     const bool fast = gs == kGroup && aligned16(x) && aligned16(w->upper) &&
                       (!use_lower || aligned16(w->lower));
+    const bool sz_pairs = ((uintptr_t)w->scale & 3u) == 0 && ((uintptr_t)w->zero & 3u) == 0;
+    // NOTE: k <= 256k keeps the decode kernel's shared memory (the group sums
+    // grow with k) far inside the limit; no model comes near it.
+    // NOTE: the 8-bit view of a matrix of <= 16M weights is faster on the
+    // tile kernel (4096 x 4096 on an H100: 10.1 vs 11.8 us), larger ones on
+    // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
+    // The choice depends on the matrix only, never on n <= 8 rows.
+    const bool decode_kernel = !use_lower || (size_t)m * k > ((size_t)16 << 20);
+    if (fast && n <= 8 && k <= 262144 && decode_kernel && sz_pairs && gemv_on()) {
+        const cudaError_t e = x_dt == NB_DTYPE_F16
+                                  ? (use_lower ? launch_gemv<__half, true>(p, stream)
+                                               : launch_gemv<__half, false>(p, stream))
+                                  : (use_lower ? launch_gemv<__nv_bfloat16, true>(p, stream)
+                                               : launch_gemv<__nv_bfloat16, false>(p, stream));
+        return e == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+    }
     if (fast) {
         const int nt = n <= 8 ? 1 : 2;
         // NOTE: 32-row blocks halve the activation traffic per weight byte
-        // (it matters when x has many rows) but halve the block count, so
-        // they pay only when there are rows and blocks to spare (untuned).
-        int r = (n > 4 && m >= 4096) ? 2 : 1;
+        // but halve the block count; on an H100 they lost at every measured
+        // shape and n (9-16 rows: 4096x4096 4-bit 10.2 vs 8.7 us, 14336x4096
+        // 34.1 vs 27.8 us; docs/benchmarks.md), so 16 rows unless forced.
+        int r = 1;
         if (g_tile_rows) r = g_tile_rows / 16;
         if (x_dt == NB_DTYPE_F16)
             launch_mma_x<__half>(p, use_lower != 0, nt, r, stream);

@@ -55,8 +55,13 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 //
 // k % 128 == 0 with 16-byte aligned x, planes and a k that keeps rows 16-byte
 // aligned takes the tensor-core path; other supported k (32, 64, 96) take a
-// simple scalar kernel. The w struct itself is a host struct holding device
-// pointers (read on the host at launch). workspace may be NULL when
+// simple scalar kernel. On that path n <= 8 with 4-byte aligned scales and
+// zeros runs the streaming decode kernel (persistent blocks, a cp.async
+// ring per warp, see set_pdl below; the 8-bit view only for matrices of
+// more than 16M weights); it computes each output with the same operations
+// in the same order as the tile kernel that takes the other calls, so a
+// row's result does not depend on n. The w struct itself is a host struct
+// holding device pointers (read on the host at launch). workspace may be NULL when
 // workspace_bytes (see above) is 0.
 // Returns NB_OK; NB_ERR_INVALID_ARG (n, m < 0, unsupported k, dtypes outside
 // the above, use_lower without w->lower, NULL pointers); NB_ERR_BACKEND (the
@@ -72,6 +77,20 @@ nb_status nb_cuda_matmul_wq(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
 // tensor-core path (16 or 32); any other value restores the built-in
 // choice. Not thread safe; affects later launches of this process.
 void nb_cuda_matmul_wq_set_tile_rows(int rows);
+
+// Programmatic dependent launch for the decode kernel (n <= 8): on (1, the
+// default, or NB_WQ_PDL unset / not "0" in the environment) launches it with
+// cudaLaunchAttributeProgrammaticStreamSerialization, so it may start
+// streaming its weights while the kernel before it in the stream finishes;
+// it reads x and writes out only after that kernel has completed
+// (griddepcontrol.wait), so the results are the same bits either way. 0 turns
+// it off; -1 goes back to the environment. For benchmarks; not thread safe.
+void nb_cuda_matmul_wq_set_pdl(int on);
+
+// The streaming decode kernel for n <= 8: on (1, the default, or NB_WQ_GEMV
+// unset / not "0") or off (0: the tile kernel takes every n; same bits);
+// -1 goes back to the environment. For benchmarks and tests; not thread safe.
+void nb_cuda_matmul_wq_set_decode_kernel(int on);
 
 // out[j][t] = the chosen view of W (as nb_wq_dequantize: U*s + z, or
 // C8*(s/16) + z, in f32) rounded to dt (f16 or bf16), for the prefill path.

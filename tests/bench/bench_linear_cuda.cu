@@ -10,7 +10,9 @@
 // timed replays (CUDA events) give the median time per launch. Inputs are
 // random, never zeros. Speed is reported, never asserted.
 //
-// Usage: bench_linear_cuda [--quick]   (--quick: one shape, n = 1, for CI)
+// Usage: bench_linear_cuda [--quick | --only M K N]
+//   --quick: one shape, n = 1, for CI; --only: that one configuration (for
+//   profilers).
 // Exits 77 when no CUDA device is present.
 #include <stdint.h>
 #include <stdio.h>
@@ -155,6 +157,14 @@ static double copy_gbps(cudaStream_t s, size_t bytes) {
 
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const int only = argc > 4 && strcmp(argv[1], "--only") == 0;
+    const int only_m = only ? atoi(argv[2]) : 0, only_k = only ? atoi(argv[3]) : 0;
+    const int only_n = only ? atoi(argv[4]) : 0;
+    if (only && (only_m <= 0 || only_k <= 0 || only_k % NB_WQ_GROUP || only_n < 1 || only_n > 16)) {
+        fprintf(stderr, "bench_linear_cuda: --only M K N needs M > 0, K %% %d == 0, 1 <= N <= 16\n",
+                NB_WQ_GROUP);
+        return 2;
+    }
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
@@ -189,10 +199,18 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs, L2 %.0f MB; device-to-device copy: %.0f GB/s (read+write)\n\n",
            prop.name, prop.multiProcessorCount, l2 / 1e6, peak);
 
-    const int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+    int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
     const char *names[3] = {"q/o 4096x4096", "gate/up 14336x4096", "down 4096x14336"};
-    const int batches[3] = {1, 4, 16};
-    const int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : 3, reps = quick ? 3 : 15;
+    int batches[3] = {1, 4, 16};
+    int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : 3;
+    const int reps = quick ? 3 : 15;
+    if (only) {
+        shapes[0][0] = only_m;
+        shapes[0][1] = only_k;
+        names[0] = "--only";
+        batches[0] = only_n;
+        n_shapes = n_batches = 1;
+    }
     const char *path_names[3] = {"wq 4-bit", "wq 8-bit (hier.)", "cuBLAS fp16"};
 
     char table[64][200];
@@ -250,15 +268,27 @@ int main(int argc, char **argv) {
                          names[si], n, path_names[path], us[path], wbytes / 1e6, gbps,
                          100.0 * gbps / peak, us[2] / us[path]);
                 if (path < 2) {
-                    double t16, t32;
-                    nb_cuda_matmul_wq_set_tile_rows(16);
+                    double t16 = 0, t32 = 0, tnp;
+                    // The tile kernel; n <= 8 runs the decode kernel unless told not to.
+                    nb_cuda_matmul_wq_set_decode_kernel(0);
+                    if (n > 8) nb_cuda_matmul_wq_set_tile_rows(16);
                     t16 = time_path(&c, s, reps);
-                    nb_cuda_matmul_wq_set_tile_rows(32);
-                    t32 = time_path(&c, s, reps);
+                    if (n > 8) {
+                        nb_cuda_matmul_wq_set_tile_rows(32);
+                        t32 = time_path(&c, s, reps);
+                    }
                     nb_cuda_matmul_wq_set_tile_rows(0);
+                    nb_cuda_matmul_wq_set_decode_kernel(-1);
+                    nb_cuda_matmul_wq_set_pdl(0);
+                    tnp = time_path(&c, s, reps);
+                    nb_cuda_matmul_wq_set_pdl(-1);
+                    char a16[16], a32[16] = "       -";
+                    snprintf(a16, sizeof a16, "%8.2f", t16);
+                    if (n > 8) snprintf(a32, sizeof a32, "%8.2f", t32);
                     snprintf(sweep[srows++], sizeof sweep[0],
-                             "| %-18s | %2d | %-16s | %8.2f | %8.2f | %8.2f |", names[si], n,
-                             path_names[path], us[path], t16, t32);
+                             "| %-18s | %2d | %-16s | %8.2f | %8.2f | %7.2fx | %s | %s |",
+                             names[si], n, path_names[path], us[path], tnp, tnp / us[path], a16,
+                             a32);
                 }
             }
             if (n == 1) goal_speedup[si] = us[2] / us[0];
@@ -276,9 +306,14 @@ int main(int argc, char **argv) {
         free(w16);
     }
 
-    printf("Tile sweep (us per launch; auto = the built-in choice):\n\n");
-    printf("| shape (m x k)      |  n | path             |  auto us | 16 rows  | 32 rows  |\n");
-    printf("|--------------------|----|------------------|----------|----------|----------|\n");
+    printf("Launch and kernel sweep (us per launch; auto = the built-in choice: the "
+           "streaming decode kernel with PDL for n <= 8, the tile kernel above; no PDL = the "
+           "same without programmatic dependent launch; tile 16 = the tile kernel with 16-row "
+           "tiles, at n <= 8 in place of the decode kernel; tile 32 = 32-row tiles, n > 8):\n\n");
+    printf("| shape (m x k)      |  n | path             |  auto us | no PDL   | PDL gain | "
+           "tile 16  | tile 32  |\n");
+    printf("|--------------------|----|------------------|----------|----------|----------|"
+           "----------|----------|\n");
     for (int r = 0; r < srows; r++) printf("%s\n", sweep[r]);
     printf("\nLinear layer, out[n][m] = x[n][k] W^T, f16 activations and output; MB = weight "
            "bytes read per call; GB/s counts weights + x + out; %% of the copy bandwidth above; "

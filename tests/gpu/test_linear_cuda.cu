@@ -1,7 +1,8 @@
 // test_linear_cuda.cu: the CUDA linear layers (kernels/linear_cuda.h)
-// against their C twins: nb_cuda_matmul_wq (4-bit and 8-bit views, both
-// tile sizes, aligned tensor-core path and the scalar fallback) against
-// nb_ref_matmul_wq, nb_cuda_matmul_dense against nb_ref_matmul, and
+// against their C twins: nb_cuda_matmul_wq (4-bit and 8-bit views; the
+// streaming decode kernel, both tile sizes of the tile kernel and the scalar
+// fallback) against nb_ref_matmul_wq, with row invariance across the kernels
+// and programmatic-dependent-launch chains checked bit for bit, nb_cuda_matmul_dense against nb_ref_matmul, and
 // nb_cuda_wq_dequantize bit for bit against nb_wq_dequantize.
 //
 // Tolerance. x and the weights are exactly representable in f16/bf16 and
@@ -249,6 +250,107 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
         free(b);
     }
 
+    // Row invariance: a row of x gets the same bits alone as with up to 15
+    // other rows (n <= 8 takes the streaming decode kernel, n > 8 the tile
+    // kernel; the engine's verify rows must equal its decode rows), with
+    // and without programmatic dependent launch.
+    {
+        const int nb = nmax < 16 ? nmax : 16;
+        const size_t rowb = (size_t)m * 4;
+        float *alone = (float *)malloc(nb * rowb), *got = (float *)malloc(nb * rowb);
+        const int bns[] = {2, 5, 8, 9, 16};
+        for (int view = 0; view < 2; view++) {
+            nb_cuda_matmul_wq_set_pdl(0);
+            CUDA_OK(cudaMemset(d_out, 0xff, nb * rowb));
+            for (int i = 0; i < nb; i++)
+                CHECK(nb_cuda_matmul_wq((char *)d_out + i * rowb, NB_DTYPE_F32,
+                                        (const char *)d_x + (size_t)i * k * es, dt, &dw, view,
+                                        d_bias, bdt, 1, m, k, NULL, 0, 0) == NB_OK);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(alone, d_out, nb * rowb, cudaMemcpyDeviceToHost));
+            for (int pdl = 0; pdl < 2; pdl++) {
+                nb_cuda_matmul_wq_set_pdl(pdl);
+                for (size_t bi = 0; bi < sizeof bns / sizeof bns[0]; bi++) {
+                    const int n = bns[bi];
+                    if (n > nb) continue;
+                    CUDA_OK(cudaMemset(d_out, 0xff, n * rowb));
+                    CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dw, view, d_bias, bdt,
+                                            n, m, k, NULL, 0, 0) == NB_OK);
+                    CUDA_OK(cudaDeviceSynchronize());
+                    CUDA_OK(cudaMemcpy(got, d_out, n * rowb, cudaMemcpyDeviceToHost));
+                    CHECKF(memcmp(got, alone, n * rowb) == 0,
+                           "wq%d %s m=%d k=%d: rows of an n=%d call differ from the same rows "
+                           "alone (pdl %d)", view ? 8 : 4, nb_dtype_name(dt), m, k, n, pdl);
+                }
+            }
+        }
+        nb_cuda_matmul_wq_set_pdl(-1);
+        free(alone);
+        free(got);
+    }
+
+    // Scales and zeros only 2-byte aligned: the decode kernel copies them as
+    // aligned pairs, so these calls must take the tile kernel, and be right.
+    {
+        char *d_sz = NULL;
+        CUDA_OK(cudaMalloc(&d_sz, 2 * ngt * 2 + 8));
+        uint16_t *d_sc2 = (uint16_t *)(d_sz + 2), *d_zr2 = (uint16_t *)(d_sz + ngt * 2 + 6);
+        CUDA_OK(cudaMemcpy(d_sc2, sc, ngt * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d_zr2, zr, ngt * 2, cudaMemcpyHostToDevice));
+        nb_wq_tensor dwm = {d_up, d_lo, d_sc2, d_zr2};
+        for (int view = 0; view < 2; view++) {
+            const int n = nmax < 3 ? nmax : 3;
+            CUDA_OK(cudaMemset(d_out, 0xff, nm * 4));
+            CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dwm, view, d_bias, bdt, n, m,
+                                    k, NULL, 0, 0) == NB_OK);
+            CUDA_OK(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "wq%d 2-byte-aligned scales %s m=%d k=%d n=%d",
+                     view ? 8 : 4, nb_dtype_name(dt), m, k, n);
+            compare(what, d_out, NB_DTYPE_F32, ref[view], S[view], n, m, 1.0f, NULL, &st[view]);
+        }
+        cudaFree(d_sz);
+    }
+
+    // Programmatic dependent launch hazards: a chain of 8 dependent calls
+    // ping-ponging between two buffers (each reads what the last one wrote
+    // and overwrites what the last one read), enqueued without a sync, must
+    // give the bits of the same chain without PDL. Only where the grid
+    // leaves free slots for the next launch to start early (a large m) and
+    // in bf16 (the values grow through the chain).
+    if (m == k && m >= 4096 && dt == NB_DTYPE_BF16) {
+        const int n = 4;
+        const size_t bb = (size_t)n * k * es;
+        void *buf[2];
+        CUDA_OK(cudaMalloc(&buf[0], bb));
+        CUDA_OK(cudaMalloc(&buf[1], bb));
+        cudaStream_t cs;
+        CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+        uint8_t *res[2] = {(uint8_t *)malloc(bb), (uint8_t *)malloc(bb)};
+        for (int view = 0; view < 2; view++) {
+            for (int run = 0; run < 4; run++) {
+                const int pdl = run > 0;
+                nb_cuda_matmul_wq_set_pdl(pdl);
+                CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
+                CUDA_OK(cudaMemset(buf[1], 0xff, bb));
+                for (int step = 0; step < 8; step++)
+                    CHECK(nb_cuda_matmul_wq(buf[(step + 1) & 1], dt, buf[step & 1], dt, &dw,
+                                            view, NULL, bdt, n, m, k, NULL, 0, cs) == NB_OK);
+                CUDA_OK(cudaStreamSynchronize(cs));
+                CUDA_OK(cudaMemcpy(res[pdl], buf[0], bb, cudaMemcpyDeviceToHost));
+                if (pdl)
+                    CHECKF(memcmp(res[0], res[1], bb) == 0,
+                           "wq%d %s m=%d k=%d: an 8-call chain with PDL (run %d) differs from "
+                           "the chain without", view ? 8 : 4, nb_dtype_name(dt), m, k, run);
+            }
+        }
+        nb_cuda_matmul_wq_set_pdl(-1);
+        CUDA_OK(cudaStreamDestroy(cs));
+        cudaFree(buf[0]);
+        cudaFree(buf[1]);
+        free(res[0]);
+        free(res[1]);
+    }
+
     // Dequantize: bit for bit against the C twin rounded to dt.
     for (int view = 0; view < 2; view++) {
         float *deq = (float *)malloc(mk * 4);
@@ -332,6 +434,10 @@ int main(void) {
     for (int d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             run_shape(dts[d], shapes[s][0], shapes[s][1], 100, ns, n_ns);
+    // More than 16M weights: the 8-bit view takes the decode kernel too (at
+    // n <= 8); 66 groups per row, not a multiple of the 8 warps. Fewer rows
+    // of x keep the C reference quick.
+    for (int d = 0; d < 2; d++) run_shape(dts[d], 2112, 8448, 16, ns, n_ns);
 
     // Argument checks.
     nb_wq_tensor none = {NULL, NULL, NULL, NULL};
