@@ -448,19 +448,24 @@ static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_
     return NB_OK;
 }
 
-// out[n][m] f32 = x . W^T + bias. Step mode: fixed STEP_SLICE-row slices
-// (the input and output buffers hold n rounded up to the slice).
+// out[n][m] f32 = x . W^T + bias. Step mode: STEP_SLICE-row slices (the
+// input and output buffers hold n rounded up to the slice); dense slices are
+// padded to the full slice (cuBLAS picks its algorithm by shape), quantized
+// ones take their exact rows: nb_cuda_matmul_wq gives a row the same bits
+// whatever the row count (tests/gpu/test_linear_cuda.cu checks it), and a
+// decode step of 1-8 rows then streams the weights with the decode kernel.
 static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const void *xq, int n,
                          const dlin *L, nb_fwd_mode mode, bool step) {
     lin_path p = path_of(be, L, mode);
     nb_dtype xdt = p == LIN_DENSE ? be->adt : be->qxdt;
     const uint8_t *x = p == LIN_DENSE ? xd : xq;
     int n_calls = step ? (n + STEP_SLICE - 1) / STEP_SLICE : 1;
-    int rows = step ? STEP_SLICE : n;
     size_t xrow = (size_t)L->k * nb_dtype_size(xdt);
     for (int c = 0; c < n_calls; c++) {
         const void *xc = x + (size_t)c * STEP_SLICE * xrow;
         float *oc = out + (size_t)c * STEP_SLICE * L->m;
+        int left = n - c * STEP_SLICE;
+        int rows = !step ? n : p == LIN_DENSE || left > STEP_SLICE ? STEP_SLICE : left;
         nb_status st;
         if (p == LIN_DENSE)
             st = nb_cuda_matmul_dense(be->blas, oc, NB_DTYPE_F32, xc, L->w, be->adt, L->bias,
