@@ -44,6 +44,13 @@ typedef struct nb_fwd_batch {
     int32_t n_seqs;
     const nb_fwd_seq *seqs; // [n_seqs]
     float *logits;          // [sum of n_logits][vocab] f32, in sequence order (out)
+    // Greedy outputs (optional): when argmax is not NULL it receives
+    // nb_ref_argmax of each logit row ([sum of n_logits], -1 for a row with
+    // no non-NaN logit), computed where the logits are (on the GPU for the
+    // cuda backend); with skip_logits the logits need not be written at all
+    // (the cuda backend then downloads 4 bytes per row instead of 4V).
+    int32_t *argmax;
+    bool skip_logits;
 } nb_fwd_batch;
 
 typedef struct nb_backend_config {

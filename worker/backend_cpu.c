@@ -285,6 +285,9 @@ static nb_status cpu_forward(nb_backend *base, const nb_fwd_batch *b, char *err,
     nb_ref_rmsnorm(be->xb, be->xb, mw->out_norm.data, mw->out_norm.dtype, n_logits, H,
                    mc->rms_norm_eps);
     lin_apply(be, b->logits, be->xb, n_logits, &be->lm_head, NULL, mode);
+    if (b->argmax)
+        for (int r = 0; r < n_logits; r++)
+            b->argmax[r] = nb_ref_argmax(b->logits + (size_t)r * mc->vocab_size, mc->vocab_size);
     return NB_OK;
 }
 

@@ -39,6 +39,7 @@
 #include "ops_cuda.h"
 #include "ops_ref.h"
 #include "paged_attention_cuda.h"
+#include "sampling_cuda.h"
 #include "wquant.h"
 
 #define STEP_SLICE 16       // rows per linear-layer slice in step mode
@@ -148,6 +149,7 @@ typedef struct cuda_backend {
     uint8_t *meta_h, *meta_d;
     int32_t tab_cap; // block-table ids per pass
     float *logits_h; // pinned [LRp][V]
+    int32_t *argmax_d, *argmax_h; // [LRp]: greedy tokens (device, pinned host)
     meta_off mo;
     graph_ent graphs[GRAPH_CACHE];
     uint64_t clock;
@@ -321,6 +323,7 @@ static void cuda_destroy(nb_backend *base) {
     free(be->layers);
     if (be->meta_h) cudaFreeHost(be->meta_h);
     if (be->logits_h) cudaFreeHost(be->logits_h);
+    if (be->argmax_h) cudaFreeHost(be->argmax_h);
     if (be->work_h) cudaFreeHost(be->work_h);
     if (be->blas) cublasDestroy(be->blas);
     if (be->stream) cudaStreamDestroy(be->stream);
@@ -737,14 +740,29 @@ pass ps = {.mode = mode, .step = step, .R = R, .n_logits = n_logits, .d_tok = d_
                .d_kvb = d_kvb, .d_kvs = d_kvs, .d_lrow = d_lrow, .pa = pa};
     nb_status st = step && be->cfg.cuda_graphs ? run_graph(be, &ps, err, err_len) : run_pass(be, &ps, err, err_len);
     if (st != NB_OK) return st;
-    if (n_logits > 0) {
+    // NOTE: greedy tokens are taken on the GPU (nb_cuda_argmax, bit-exact
+    // with nb_ref_argmax), after the pass and outside its graph; with
+    // skip_logits only they are downloaded.
+    const bool want_logits = n_logits > 0 && !(b->argmax && b->skip_logits);
+    if (n_logits > 0 && b->argmax) {
+        if (nb_cuda_argmax(be->argmax_d, be->logits, n_logits, V, S) != NB_OK) {
+            nb_set_err(err, err_len, "forward: argmax launch: %s",
+                       cudaGetErrorString(cudaGetLastError()));
+            return NB_ERR_BACKEND;
+        }
+        if (cudaMemcpyAsync(be->argmax_h, be->argmax_d, (size_t)n_logits * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, S) != cudaSuccess)
+            return sync_check(be, "forward: argmax download", err, err_len);
+    }
+    if (want_logits) {
         if (cudaMemcpyAsync(be->logits_h, be->logits, (size_t)n_logits * V * sizeof(float),
                             cudaMemcpyDeviceToHost, S) != cudaSuccess)
             return sync_check(be, "forward: logits download", err, err_len);
     }
     st = sync_check(be, "forward", err, err_len);
     if (st != NB_OK) return st;
-    if (n_logits > 0) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
+    if (want_logits) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
+    if (n_logits > 0 && b->argmax) memcpy(b->argmax, be->argmax_h, (size_t)n_logits * sizeof(int32_t));
     return NB_OK;
 }
 
@@ -875,11 +893,13 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         return NB_ERR_BACKEND;
     }
     if ((st = dev_alloc(be, (void **)&be->meta_d, be->meta_bytes, err, err_len)) ||
-        (st = dev_alloc(be, (void **)&be->work_d, 4 * WORK_BATCH * sizeof(int32_t), err, err_len)))
+        (st = dev_alloc(be, (void **)&be->work_d, 4 * WORK_BATCH * sizeof(int32_t), err, err_len)) ||
+        (st = dev_alloc(be, (void **)&be->argmax_d, LRp * sizeof(int32_t), err, err_len)))
         return st;
     if (!be->plan_only) {
         cudaError_t e = cudaMallocHost((void **)&be->meta_h, be->meta_bytes);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&be->logits_h, LRp * V * sizeof(float));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&be->argmax_h, LRp * sizeof(int32_t));
         if (e == cudaSuccess) e = cudaMallocHost((void **)&be->work_h, 4 * WORK_BATCH * sizeof(int32_t));
         if (e != cudaSuccess) return cuda_fail(err, err_len, "pinned host buffers", e);
     }

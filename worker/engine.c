@@ -41,6 +41,7 @@ struct nb_engine {
     int32_t V;
     int32_t max_logit_rows;
     float *logits;       // [max_logit_rows][V]
+    int32_t *argmax;     // [max_logit_rows] greedy token of each logit row (from the backend)
     float *probs;        // [max_gamma + 1][V]
     float *work_v;       // [V]
     nb_fwd_seq *fwd;     // [max_seqs]
@@ -261,13 +262,14 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     e->work.cap = wcap;
     e->seqs = calloc((size_t)p.max_seqs, sizeof(eseq));
     e->logits = malloc((size_t)e->max_logit_rows * e->V * sizeof(float));
+    e->argmax = malloc((size_t)e->max_logit_rows * sizeof(int32_t));
     e->probs = malloc((size_t)(p.max_gamma + 1) * e->V * sizeof(float));
     e->work_v = malloc((size_t)e->V * sizeof(float));
     e->fwd = calloc((size_t)p.max_seqs, sizeof(nb_fwd_seq));
     e->fwd_owner = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->fwd_slot = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->cur = calloc((size_t)p.max_seqs, sizeof(int32_t));
-    if (!e->work.items || !e->seqs || !e->logits || !e->probs || !e->work_v || !e->fwd ||
+    if (!e->work.items || !e->seqs || !e->logits || !e->argmax || !e->probs || !e->work_v || !e->fwd ||
         !e->fwd_owner || !e->fwd_slot || !e->cur) {
         nb_set_err(err, err_len, "engine: out of host memory");
         goto out_free;
@@ -289,6 +291,7 @@ void nb_engine_destroy(nb_engine **e_p) {
     free(e->work.items);
     free(e->seqs);
     free(e->logits);
+    free(e->argmax);
     free(e->probs);
     free(e->work_v);
     free(e->fwd);
@@ -389,10 +392,18 @@ const int32_t *nb_engine_seq_tokens(const nb_engine *e, int32_t seq) {
 // ---------------------------------------------------------------------------
 
 // Called once per sequence of the list after its sub-batch ran, with its
-// logits ([n_logits][V]).
-typedef void (*consume_fn)(nb_engine *e, void *ctx, int32_t k, const float *logits);
+// logits ([n_logits][V]; NULL when the sub-batch skipped them, see
+// run_forward) and the backend's argmax of each of those rows ([n_logits]).
+typedef void (*consume_fn)(nb_engine *e, void *ctx, int32_t k, const float *logits,
+                           const int32_t *am);
 
-static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_fn fn, void *ctx) {
+// Runs the forward list in sub-batches. Greedy sequences need only the
+// argmax of their logit rows, which the backend computes where the logits
+// are (on the GPU: 4 bytes per row cross the bus instead of 4V); a
+// sub-batch whose sequences are all greedy skips the logits unless
+// all_logits (log-probabilities or scores asked for).
+static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_fn fn, void *ctx,
+                             bool all_logits) {
     for (int32_t k0 = 0; k0 < n;) {
         int32_t rows = 0, lrows = 0, k1 = k0;
         while (k1 < n && rows + e->fwd[k1].n_rows <= e->p.max_batch_rows &&
@@ -405,7 +416,11 @@ static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_
         // Views are read now: block tables may have changed since the list was built.
         for (int32_t k = k0; k < k1; k++)
             NB_ASSERT(nb_bm_seq_view_get(e->bm, e->fwd_slot[k], &e->fwd[k].view) == NB_OK);
-        nb_fwd_batch b = {.mode = mode, .n_seqs = k1 - k0, .seqs = e->fwd + k0, .logits = e->logits};
+        bool skip = !all_logits;
+        for (int32_t k = k0; k < k1 && skip; k++)
+            if (e->fwd[k].n_logits > 0 && e->seqs[e->fwd_slot[k]].sp.temperature != 0.0f) skip = false;
+        nb_fwd_batch b = {.mode = mode, .n_seqs = k1 - k0, .seqs = e->fwd + k0, .logits = e->logits,
+                          .argmax = e->argmax, .skip_logits = skip};
         char err[256];
         nb_status st = e->be->ops->forward(e->be, &b, err, sizeof(err));
         if (st != NB_OK) {
@@ -413,9 +428,11 @@ static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_
             return st;
         }
         const float *lg = e->logits;
+        const int32_t *am = e->argmax;
         for (int32_t k = k0; k < k1; k++) {
-            fn(e, ctx, k, lg);
+            fn(e, ctx, k, skip ? NULL : lg, am);
             lg += (size_t)e->fwd[k].n_logits * e->V;
+            am += e->fwd[k].n_logits;
         }
         k0 = k1;
     }
@@ -434,8 +451,9 @@ static void fwd_push(nb_engine *e, int32_t *nf, int32_t seq, int32_t owner, int3
 // A target token for the position pos_new: argmax when greedy, else sampled
 // from the processed distribution with stream 2 (the stream corrections and
 // bonus tokens use, so a bonus is what target-only decoding would draw).
-static int32_t sample_target(nb_engine *e, const eseq *es, const float *logits, int32_t pos_new) {
-    if (es->sp.temperature == 0.0f) return nb_ref_argmax(logits, e->V);
+static int32_t sample_target(nb_engine *e, const eseq *es, const float *logits, int32_t am,
+                             int32_t pos_new) {
+    if (es->sp.temperature == 0.0f) return am; // nb_ref_argmax of the row, from the backend
     if (nb_ref_probs(e->probs, logits, e->V, &es->sp, e->work_v) != NB_OK) return -1;
     return nb_ref_sample(e->probs, e->V, nb_rng_uniform(es->sp.seed, (uint64_t)pos_new, 2));
 }
@@ -461,14 +479,15 @@ typedef struct prefill_ctx {
     nb_status *st;
 } prefill_ctx;
 
-static void prefill_consume(nb_engine *e, void *vctx, int32_t k, const float *logits) {
+static void prefill_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
+                            const int32_t *am) {
     prefill_ctx *c = vctx;
     const nb_fwd_seq *f = &e->fwd[k];
     if (f->n_logits == 0) return;
     int32_t i = e->fwd_owner[k];
     eseq *es = &e->seqs[c->seqs[i]];
     int32_t pos_new = f->pos0 + f->n_rows;
-    es->next_token = sample_target(e, es, logits, pos_new);
+    es->next_token = sample_target(e, es, logits, am[0], pos_new);
     if (es->next_token < 0) c->st[i] = NB_ERR_NON_FINITE;
     c->next[i] = es->next_token;
     if (c->next_logprob && es->next_token >= 0)
@@ -536,7 +555,7 @@ nb_status nb_engine_prefill(nb_engine *e, int32_t n, const int32_t *seqs,
         if (nf == 0) break;
         nb_status s = exec_work(e);
         if (s != NB_OK) return s;
-        s = run_forward(e, NB_FWD_TARGET, nf, prefill_consume, &ctx);
+        s = run_forward(e, NB_FWD_TARGET, nf, prefill_consume, &ctx, next_logprob != NULL);
         if (s != NB_OK) return s;
         for (int32_t k = 0; k < nf; k++) {
             s = nb_bm_seq_flush(e->bm, e->fwd_slot[k], &e->work);
@@ -562,14 +581,15 @@ typedef struct draft_ctx {
     nb_status *st;
 } draft_ctx;
 
-static void draft_consume(nb_engine *e, void *vctx, int32_t k, const float *logits) {
+static void draft_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
+                          const int32_t *am) {
     draft_ctx *c = vctx;
     int32_t i = e->fwd_owner[k];
     eseq *es = &e->seqs[c->seqs[i]];
     int32_t pos_new = e->fwd[k].pos0 + 1;
     int32_t d;
     if (es->sp.temperature == 0.0f) {
-        d = nb_ref_argmax(logits, e->V);
+        d = am[0];
     } else {
         float *q = es->q_probs + (size_t)c->step * e->V;
         d = nb_ref_probs(q, logits, e->V, &es->sp, e->work_v) == NB_OK
@@ -629,7 +649,7 @@ nb_status nb_engine_draft(nb_engine *e, int32_t n, const int32_t *seqs, int32_t 
         if (s != NB_OK) return s;
         if (nf == 0) break;
         ctx.step = step;
-        s = run_forward(e, NB_FWD_DRAFT, nf, draft_consume, &ctx);
+        s = run_forward(e, NB_FWD_DRAFT, nf, draft_consume, &ctx, false);
         if (s != NB_OK) return s;
         for (int32_t i = 0; i < n; i++) { // a sampling failure undoes that sequence's drafts
             if (st[i] == NB_ERR_NON_FINITE && e->seqs[seqs[i]].n_drafts == 0) {
@@ -665,7 +685,8 @@ typedef struct verify_ctx {
     nb_status fail;
 } verify_ctx;
 
-static void verify_consume(nb_engine *e, void *vctx, int32_t k, const float *logits) {
+static void verify_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
+                           const int32_t *am_rows) {
     verify_ctx *c = vctx;
     int32_t i = e->fwd_owner[k];
     int32_t seq = c->seqs[i];
@@ -677,7 +698,7 @@ static void verify_consume(nb_engine *e, void *vctx, int32_t k, const float *log
     if (es->sp.temperature == 0.0f) {
         int32_t am[NB_ENGINE_MAX_GAMMA + 1];
         for (int32_t r = 0; r <= gamma; r++) {
-            am[r] = nb_ref_argmax(logits + (size_t)r * V, V);
+            am[r] = am_rows[r];
             if (am[r] < 0) s = NB_ERR_NON_FINITE;
         }
         if (s == NB_OK) nb_ref_spec_accept_greedy(gamma, es->drafts, am, out, &acc);
@@ -739,7 +760,7 @@ nb_status nb_engine_verify(nb_engine *e, int32_t n, const int32_t *seqs, int32_t
     if (nf == 0) return NB_OK;
     verify_ctx ctx = {.seqs = seqs, .out = out, .out_logprobs = out_logprobs, .n_out = n_out,
                       .n_accepted = n_accepted, .st = st, .fail = NB_OK};
-    s = run_forward(e, NB_FWD_TARGET, nf, verify_consume, &ctx);
+    s = run_forward(e, NB_FWD_TARGET, nf, verify_consume, &ctx, out_logprobs != NULL);
     if (s != NB_OK) return s;
     // A sequence whose acceptance failed drops the verify position again.
     for (int32_t k = 0; k < nf; k++) {
@@ -767,11 +788,12 @@ typedef struct decode_ctx {
     nb_status *st;
 } decode_ctx;
 
-static void decode_consume(nb_engine *e, void *vctx, int32_t k, const float *logits) {
+static void decode_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
+                           const int32_t *am) {
     decode_ctx *c = vctx;
     int32_t i = e->fwd_owner[k];
     eseq *es = &e->seqs[c->seqs[i]];
-    int32_t t = sample_target(e, es, logits, e->fwd[k].pos0 + 1);
+    int32_t t = sample_target(e, es, logits, am[0], e->fwd[k].pos0 + 1);
     if (t < 0) {
         c->st[i] = NB_ERR_NON_FINITE;
         es->next_token = -1;
@@ -816,7 +838,7 @@ nb_status nb_engine_decode(nb_engine *e, int32_t n, const int32_t *seqs, int32_t
         nb_status s = exec_work(e);
         if (s != NB_OK) return s;
         if (nf == 0) break;
-        s = run_forward(e, NB_FWD_TARGET, nf, decode_consume, &ctx);
+        s = run_forward(e, NB_FWD_TARGET, nf, decode_consume, &ctx, out_logprobs != NULL);
         if (s != NB_OK) return s;
         for (int32_t k = 0; k < nf; k++)
             NB_ASSERT(nb_bm_seq_flush(e->bm, e->fwd_slot[k], &e->work) == NB_OK);
@@ -853,7 +875,9 @@ typedef struct score_ctx {
     float *logits; // [n][V] or NULL
 } score_ctx;
 
-static void score_consume(nb_engine *e, void *vctx, int32_t k, const float *logits) {
+static void score_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
+                          const int32_t *am) {
+    (void)am;
     score_ctx *c = vctx;
     const nb_fwd_seq *f = &e->fwd[k];
     if (c->logits)
@@ -891,7 +915,7 @@ nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int3
         nb_bm_seq_view_get(e->bm, seq, &v);
         int32_t nf = 0;
         fwd_push(e, &nf, seq, 0, done, take, v.tokens + done, take);
-        s = run_forward(e, mode, nf, score_consume, &ctx);
+        s = run_forward(e, mode, nf, score_consume, &ctx, true);
         if (s != NB_OK) return s;
         NB_ASSERT(nb_bm_seq_flush(e->bm, seq, &e->work) == NB_OK);
         s = exec_work(e);
