@@ -742,8 +742,7 @@ template <bool LOWER> struct GvStages {
 // Resident blocks of one decode-kernel instantiation on the current device,
 // for the dynamic shared memory of a size class (the group sums' area grows
 // with k; classes are powers of two of groups per warp, 4 to 256), computed
-// once per device and class; the dynamic shared memory limit is raised at
-// the same time. Returns 0 and sets *err on a CUDA error.
+// once per device and class. Returns 0 and sets *err on a CUDA error.
 template <typename XT, bool LOWER>
 int gemv_resident(int cls, size_t smem, cudaError_t *err) {
     constexpr int kMaxDev = 64, kClasses = 7;
@@ -755,7 +754,12 @@ int gemv_resident(int cls, size_t smem, cudaError_t *err) {
     if (slot && cached[dev][cls] > 0) return cached[dev][cls];
     constexpr int ST = GvStages<LOWER>::kValue;
     const void *fn = reinterpret_cast<const void *>(wq_gemv_kernel<XT, LOWER, ST>);
-    *err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    // NOTE: the limit is raised to the largest class's size, never to this
+    // call's: it is one attribute per function, so setting it per class
+    // would lower it under a larger class already cached (its launches would
+    // then fail).
+    *err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)gv_smem_bytes<LOWER, ST>(4 << (kClasses - 1)));
     int per_sm = 0, sms = 0;
     if (*err == cudaSuccess)
         *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem);

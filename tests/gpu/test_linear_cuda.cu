@@ -438,6 +438,12 @@ int main(void) {
     // n <= 8); 66 groups per row, not a multiple of the 8 warps. Fewer rows
     // of x keep the C reference quick.
     for (int d = 0; d < 2; d++) run_shape(dts[d], 2112, 8448, 16, ns, n_ns);
+    // The decode kernel's shared memory grows with k in size classes; a new,
+    // smaller class after a larger one must not break the larger one's later
+    // launches (the per-function shared memory limit; a real model alternates
+    // k = 4096 and 14336 every layer).
+    run_shape(NB_DTYPE_F16, 64, 5120, 4, ns, n_ns);
+    run_shape(NB_DTYPE_F16, 64, 8448, 4, ns, n_ns);
 
     // Argument checks.
     nb_wq_tensor none = {NULL, NULL, NULL, NULL};
