@@ -141,6 +141,59 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], uint32_t a0, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The per-group arithmetic, shared by the tile and the decode kernel (a
+// row's bits must not depend on which kernel computed it, so both call
+// exactly these, in the same order).
+//
+// b[0..3]: the B fragments of the 8 x elements of one word of a lane's 16
+// bytes: elements (2hh, 2hh+4), (2hh+1, 2hh+5) for hh = 0, 1, matching the A
+// fragments that deq_u / deq_l make of a word of codes.
+__device__ __forceinline__ void x_frags(const uint4 &v, uint32_t (&b)[4]) {
+    b[0] = __byte_perm(v.x, v.z, 0x5410);
+    b[1] = __byte_perm(v.x, v.z, 0x7632);
+    b[2] = __byte_perm(v.y, v.w, 0x5410);
+    b[3] = __byte_perm(v.y, v.w, 0x7632);
+}
+// xs += the sum of the word's x elements (an mma with A = ones).
+template <typename XT> __device__ __forceinline__ void x_sum(float (&xs)[4], const uint32_t (&b)[4]) {
+    const uint32_t one = Deq<XT>::kOne;
+    mma<XT>(xs, one, one, one, one, b[0], b[1]);
+    mma<XT>(xs, one, one, one, one, b[2], b[3]);
+}
+// acc[nt] += one word of codes of weight rows g and g+8 (q0, q1; l0, l1 the
+// lower plane in the 8-bit view) times x tile nt's fragments b[nt]: upper
+// codes first, then lower, each in the order hh = 0, 1.
+template <typename XT, bool LOWER, int NT>
+__device__ __forceinline__ void word_mma(float (*acc)[4] /*[NT]*/, uint32_t q0, uint32_t q1,
+                                         uint32_t l0, uint32_t l1, const uint32_t (*b)[4] /*[NT]*/) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int sh = 8 * hh;
+        const uint32_t a0 = deq_u<XT, LOWER>(q0, sh), a1 = deq_u<XT, LOWER>(q1, sh);
+        const uint32_t a2 = deq_u<XT, LOWER>(q0, sh + 4), a3 = deq_u<XT, LOWER>(q1, sh + 4);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
+    }
+    if (LOWER) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int sh = 8 * hh;
+            const uint32_t a0 = deq_l<XT>(l0, sh), a1 = deq_l<XT>(l1, sh);
+            const uint32_t a2 = deq_l<XT>(l0, sh + 4), a3 = deq_l<XT>(l1, sh + 4);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
+        }
+    }
+}
+// A group's contribution: tot[i] += sc * dot + z * sum(x_G) for weight row
+// g + 8*(i/2) (sc[0..1], zc[0..1]) and x row 2t + i%2.
+__device__ __forceinline__ void fold_group(float (&tot)[4], const float (&sc)[2], const float (&zc)[2],
+                                           const float (&acc)[4], const float (&xs)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) tot[i] += __fmul_rn(sc[i >> 1], acc[i]) + __fmul_rn(zc[i >> 1], xs[i]);
+}
+
 // NOTE: weights are touched once per launch; keep them out of L1 so the
 // activations (read by every block) stay there.
 __device__ __forceinline__ uint4 ld_stream(const uint8_t *p) {
@@ -288,61 +341,24 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
             }
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                // b[nt][2hh], b[nt][2hh+1]: x elements (2hh, 2hh+4), (2hh+1, 2hh+5)
-                // of the 8 in this word, matching the A fragments below.
                 uint32_t b[NT][4];
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    const uint4 v = xv[u][nt][w];
-                    b[nt][0] = __byte_perm(v.x, v.z, 0x5410);
-                    b[nt][1] = __byte_perm(v.x, v.z, 0x7632);
-                    b[nt][2] = __byte_perm(v.y, v.w, 0x5410);
-                    b[nt][3] = __byte_perm(v.y, v.w, 0x7632);
-                    const uint32_t one = Deq<XT>::kOne;
-                    mma<XT>(xs[nt], one, one, one, one, b[nt][0], b[nt][1]);
-                    mma<XT>(xs[nt], one, one, one, one, b[nt][2], b[nt][3]);
+                    x_frags(xv[u][nt][w], b[nt]);
+                    x_sum<XT>(xs[nt], b[nt]);
                 }
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const uint32_t q0 = word(qu[u][r][0], w), q1 = word(qu[u][r][1], w);
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int sh = 8 * hh;
-                        const uint32_t a0 = deq_u<XT, LOWER>(q0, sh);
-                        const uint32_t a1 = deq_u<XT, LOWER>(q1, sh);
-                        const uint32_t a2 = deq_u<XT, LOWER>(q0, sh + 4);
-                        const uint32_t a3 = deq_u<XT, LOWER>(q1, sh + 4);
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-                            mma<XT>(acc[r][nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
-                    }
-                    if (LOWER) {
-                        const uint32_t l0 = word(ql[u][r][0], w), l1 = word(ql[u][r][1], w);
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            const int sh = 8 * hh;
-                            const uint32_t a0 = deq_l<XT>(l0, sh);
-                            const uint32_t a1 = deq_l<XT>(l1, sh);
-                            const uint32_t a2 = deq_l<XT>(l0, sh + 4);
-                            const uint32_t a3 = deq_l<XT>(l1, sh + 4);
-#pragma unroll
-                            for (int nt = 0; nt < NT; nt++)
-                                mma<XT>(acc[r][nt], a0, a1, a2, a3, b[nt][2 * hh],
-                                        b[nt][2 * hh + 1]);
-                        }
-                    }
-                }
+                for (int r = 0; r < R; r++)
+                    word_mma<XT, LOWER, NT>(acc[r], word(qu[u][r][0], w), word(qu[u][r][1], w),
+                                            LOWER ? word(ql[u][r][0], w) : 0u,
+                                            LOWER ? word(ql[u][r][1], w) : 0u, b);
             }
             // acc[r][nt][i]: weight row g + 8*(i/2) of tile r, x row 2t + i%2 of
             // tile nt; xs[nt][i] is that x row's group sum.
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        tot[r][nt][i] += __fmul_rn(sc[u][r][i >> 1], acc[r][nt][i]) +
-                                         __fmul_rn(zc[u][r][i >> 1], xs[nt][i]);
+                for (int nt = 0; nt < NT; nt++) fold_group(tot[r][nt], sc[u][r], zc[u][r], acc[r][nt], xs[nt]);
         }
     }
 
@@ -514,27 +530,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     // the A fragments.
     auto load_b = [&](int grp, uint32_t (&b)[4][4]) {
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const uint4 v = xok ? __ldg(reinterpret_cast<const uint4 *>(
-                                      xb + (size_t)grp * (kGroup * 2) + w * 16))
-                                : z4;
-            b[w][0] = __byte_perm(v.x, v.z, 0x5410);
-            b[w][1] = __byte_perm(v.x, v.z, 0x7632);
-            b[w][2] = __byte_perm(v.y, v.w, 0x5410);
-            b[w][3] = __byte_perm(v.y, v.w, 0x7632);
-        }
+        for (int w = 0; w < 4; w++)
+            x_frags(xok ? __ldg(reinterpret_cast<const uint4 *>(xb + (size_t)grp * (kGroup * 2) + w * 16))
+                        : z4,
+                    b[w]);
     };
-    // The group sums, as the tile kernel forms them (an mma with A = ones).
+    // The group sums, as the tile kernel forms them.
     for (int j = 0; j < cw; j++) {
         uint32_t b[4][4];
         load_b(warp + j * kWarps, b);
         float xs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const uint32_t one = Deq<XT>::kOne;
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            mma<XT>(xs, one, one, one, one, b[w][0], b[w][1]);
-            mma<XT>(xs, one, one, one, one, b[w][2], b[w][3]);
-        }
+        for (int w = 0; w < 4; w++) x_sum<XT>(xs, b[w]);
         if (g == 0) {
             xs_s[j * 8 + 2 * t] = xs[0];
             xs_s[j * 8 + 2 * t + 1] = xs[1];
@@ -587,34 +594,14 @@ __global__ void __launch_bounds__(kThreads, 2)
                 for (int i = 0; i < 4; i++) acc[u][i] = 0.0f;
             }
 #pragma unroll
-            for (int w = 0; w < 4; w++) {
+            for (int w = 0; w < 4; w++)
 #pragma unroll
-                for (int u = 0; u < N; u++) {
-                    const uint32_t q0 = word(qu[u][0], w), q1 = word(qu[u][1], w);
+                for (int u = 0; u < N; u++)
+                    word_mma<XT, LOWER, 1>(&acc[u], word(qu[u][0], w), word(qu[u][1], w),
+                                           LOWER ? word(ql[u][0], w) : 0u,
+                                           LOWER ? word(ql[u][1], w) : 0u, &b[u][w]);
 #pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int sh4 = 8 * hh;
-                        mma<XT>(acc[u], deq_u<XT, LOWER>(q0, sh4), deq_u<XT, LOWER>(q1, sh4),
-                                deq_u<XT, LOWER>(q0, sh4 + 4), deq_u<XT, LOWER>(q1, sh4 + 4),
-                                b[u][w][2 * hh], b[u][w][2 * hh + 1]);
-                    }
-                    if (LOWER) {
-                        const uint32_t l0 = word(ql[u][0], w), l1 = word(ql[u][1], w);
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            const int sh4 = 8 * hh;
-                            mma<XT>(acc[u], deq_l<XT>(l0, sh4), deq_l<XT>(l1, sh4),
-                                    deq_l<XT>(l0, sh4 + 4), deq_l<XT>(l1, sh4 + 4),
-                                    b[u][w][2 * hh], b[u][w][2 * hh + 1]);
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < N; u++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    tot[i] += __fmul_rn(sc[u][i >> 1], acc[u][i]) + __fmul_rn(zc[u][i >> 1], xs[u][i]);
+            for (int u = 0; u < N; u++) fold_group(tot, sc[u], zc[u], acc[u], xs[u]);
             __syncwarp();  // every lane has read the slots before they are refilled
 #pragma unroll
             for (int u = 0; u < N; u++) issue();
