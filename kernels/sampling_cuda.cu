@@ -297,14 +297,16 @@ __global__ void __launch_bounds__(kPT) argmax_kernel(int32_t *out, const float *
     if (threadIdx.x == 0) out[blockIdx.x] = am;
 }
 
-__global__ void __launch_bounds__(kPT) probs_kernel(float *probs, const float *logits, int V,
-                                                    const nb_sampling_params *sps,
+// Block b: logits row in_rows[b] -> probs row out_rows[b] (NULL maps: b).
+__global__ void __launch_bounds__(kPT) probs_kernel(float *probs, const int32_t *out_rows,
+                                                    const float *logits, const int32_t *in_rows,
+                                                    int V, const nb_sampling_params *sps,
                                                     int32_t *status) {
     __shared__ uint32_t hcnt[2048];
     __shared__ unsigned long long hfx[2048];
     const size_t row = blockIdx.x;
-    const float *lg = logits + row * (size_t)V;
-    float *pr = probs + row * (size_t)V;
+    const float *lg = logits + (size_t)(in_rows ? in_rows[row] : row) * V;
+    float *pr = probs + (size_t)(out_rows ? out_rows[row] : row) * V;
     const int tid = threadIdx.x;
     const nb_sampling_params sp = sps[row];
     if (!(sp.temperature >= 0.0f) || sp.top_k < 0 || !(sp.top_p > 0.0f) || !(sp.top_p <= 1.0f)) {
@@ -399,12 +401,14 @@ __global__ void __launch_bounds__(kPT) probs_kernel(float *probs, const float *l
     if (tid == 0) status[row] = NB_OK;
 }
 
-__global__ void __launch_bounds__(kPT) sample_kernel(int32_t *out, const float *probs, int V,
+__global__ void __launch_bounds__(kPT) sample_kernel(int32_t *out, const float *probs,
+                                                     const int32_t *rows, int V,
                                                      const uint64_t *seed,
                                                      const uint64_t *counter, uint32_t stream) {
     const size_t row = blockIdx.x;
     const float u = rng_uniform(seed[row], counter[row], stream);
-    int32_t t = block_sample(row_probs{probs + row * (size_t)V}, V, u);
+    const size_t pr = rows ? (size_t)rows[row] : row;
+    int32_t t = block_sample(row_probs{probs + pr * V}, V, u);
     if (threadIdx.x == 0) out[row] = t;
 }
 
@@ -430,14 +434,16 @@ __global__ void accept_greedy_kernel(int n, int gamma_max, const int32_t *gamma,
 }
 
 __global__ void __launch_bounds__(kPT) accept_kernel(int gamma_max, int V, const int32_t *gamma,
-                                                     const float *p, const float *q,
+                                                     const float *p, const int32_t *p_row0,
+                                                     const float *q, const int32_t *q_row0,
                                                      const int32_t *draft, const uint64_t *seed,
                                                      const uint64_t *counter0, int32_t *out,
                                                      int32_t *n_acc) {
     __shared__ int s_rej, s_err;
     const size_t s = blockIdx.x;
     const int g = gamma ? gamma[s] : gamma_max;
-    const float *ps = p + s * (size_t)(gamma_max + 1) * V, *qs = q + s * (size_t)gamma_max * V;
+    const float *ps = p + (p_row0 ? (size_t)p_row0[s] : s * (size_t)(gamma_max + 1)) * V;
+    const float *qs = q + (q_row0 ? (size_t)q_row0[s] : s * (size_t)gamma_max) * V;
     const int32_t *ds = draft + s * (size_t)gamma_max;
     int32_t *os = out + s * (size_t)(gamma_max + 1);
     const uint64_t sd = seed[s], c0 = counter0[s];
@@ -529,7 +535,18 @@ extern "C" nb_status nb_cuda_probs(float *probs, const float *logits, int n, int
     if (n < 0 || V < 1) return NB_ERR_INVALID_ARG;
     if (n == 0) return NB_OK;
     if (!probs || !logits || !sp || !status) return NB_ERR_INVALID_ARG;
-    probs_kernel<<<(unsigned)n, kPT, 0, stream>>>(probs, logits, V, sp, status);
+    probs_kernel<<<(unsigned)n, kPT, 0, stream>>>(probs, nullptr, logits, nullptr, V, sp, status);
+    return launch_status();
+}
+
+extern "C" nb_status nb_cuda_probs_rows(float *probs, const int32_t *out_rows,
+                                        const float *logits, const int32_t *in_rows, int n, int V,
+                                        const nb_sampling_params *sp, int32_t *status,
+                                        cudaStream_t stream) {
+    if (n < 0 || V < 1) return NB_ERR_INVALID_ARG;
+    if (n == 0) return NB_OK;
+    if (!probs || !logits || !sp || !status) return NB_ERR_INVALID_ARG;
+    probs_kernel<<<(unsigned)n, kPT, 0, stream>>>(probs, out_rows, logits, in_rows, V, sp, status);
     return launch_status();
 }
 
@@ -539,7 +556,19 @@ extern "C" nb_status nb_cuda_sample(int32_t *out, const float *probs, int n, int
     if (n < 0 || V < 1) return NB_ERR_INVALID_ARG;
     if (n == 0) return NB_OK;
     if (!out || !probs || !seed || !counter) return NB_ERR_INVALID_ARG;
-    sample_kernel<<<(unsigned)n, kPT, 0, stream>>>(out, probs, V, seed, counter, rng_stream);
+    sample_kernel<<<(unsigned)n, kPT, 0, stream>>>(out, probs, nullptr, V, seed, counter,
+                                                   rng_stream);
+    return launch_status();
+}
+
+extern "C" nb_status nb_cuda_sample_rows(int32_t *out, const float *probs, const int32_t *rows,
+                                         int n, int V, const uint64_t *seed,
+                                         const uint64_t *counter, uint32_t rng_stream,
+                                         cudaStream_t stream) {
+    if (n < 0 || V < 1) return NB_ERR_INVALID_ARG;
+    if (n == 0) return NB_OK;
+    if (!out || !probs || !seed || !counter) return NB_ERR_INVALID_ARG;
+    sample_kernel<<<(unsigned)n, kPT, 0, stream>>>(out, probs, rows, V, seed, counter, rng_stream);
     return launch_status();
 }
 
@@ -567,7 +596,23 @@ extern "C" nb_status nb_cuda_spec_accept(int n, int gamma_max, int V, const int3
     if (!p || (gamma_max > 0 && (!q || !draft)) || !seed || !counter0 || !out_tokens ||
         !n_accepted)
         return NB_ERR_INVALID_ARG;
-    accept_kernel<<<(unsigned)n, kPT, 0, stream>>>(gamma_max, V, gamma, p, q, draft, seed,
-                                                   counter0, out_tokens, n_accepted);
+    accept_kernel<<<(unsigned)n, kPT, 0, stream>>>(gamma_max, V, gamma, p, nullptr, q, nullptr,
+                                                   draft, seed, counter0, out_tokens, n_accepted);
+    return launch_status();
+}
+
+extern "C" nb_status nb_cuda_spec_accept_rows(int n, int gamma_max, int V, const int32_t *gamma,
+                                              const float *p, const int32_t *p_row0,
+                                              const float *q, const int32_t *q_row0,
+                                              const int32_t *draft, const uint64_t *seed,
+                                              const uint64_t *counter0, int32_t *out_tokens,
+                                              int32_t *n_accepted, cudaStream_t stream) {
+    if (n < 0 || gamma_max < 0 || V < 1) return NB_ERR_INVALID_ARG;
+    if (n == 0) return NB_OK;
+    if (!p || !p_row0 || (gamma_max > 0 && (!q || !q_row0 || !draft)) || !seed || !counter0 ||
+        !out_tokens || !n_accepted)
+        return NB_ERR_INVALID_ARG;
+    accept_kernel<<<(unsigned)n, kPT, 0, stream>>>(gamma_max, V, gamma, p, p_row0, q, q_row0,
+                                                   draft, seed, counter0, out_tokens, n_accepted);
     return launch_status();
 }

@@ -75,6 +75,17 @@ nb_status nb_cuda_probs(float *probs /*[n][V] f32*/, const float *logits /*[n][V
                         int V, const nb_sampling_params *sp /*[n] device*/,
                         int32_t *status /*[n] nb_status*/, cudaStream_t stream);
 
+// nb_cuda_probs on gathered rows: row r reads logits + in_rows[r]*V and
+// writes probs + out_rows[r]*V (a NULL map is the identity), with sp[r] and
+// status[r]. The engine's use: distributions computed in place in the
+// logits buffer, or written into per-sequence draft slots. Rows written must
+// not overlap other rows read (in place, out_rows == in_rows, is allowed).
+nb_status nb_cuda_probs_rows(float *probs /*[*][V] f32*/, const int32_t *out_rows /*[n] or NULL*/,
+                             const float *logits /*[*][V] f32*/,
+                             const int32_t *in_rows /*[n] or NULL*/, int n, int V,
+                             const nb_sampling_params *sp /*[n] device*/,
+                             int32_t *status /*[n] nb_status*/, cudaStream_t stream);
+
 // Inverse-CDF sampling, twin of nb_ref_sample per row with
 // u = nb_rng_uniform(seed[r], counter[r], rng_stream) (stream 0 for plain
 // sampling): out[r] = the first i with cumsum(probs[r][0..i]) > u * total
@@ -82,6 +93,13 @@ nb_status nb_cuda_probs(float *probs /*[n][V] f32*/, const float *logits /*[n][V
 nb_status nb_cuda_sample(int32_t *out /*[n]*/, const float *probs /*[n][V] f32*/, int n, int V,
                          const uint64_t *seed /*[n]*/, const uint64_t *counter /*[n]*/,
                          uint32_t rng_stream, cudaStream_t stream);
+
+// nb_cuda_sample on gathered rows: out[r] samples probs + rows[r]*V (NULL:
+// the identity) with seed[r], counter[r].
+nb_status nb_cuda_sample_rows(int32_t *out /*[n]*/, const float *probs /*[*][V] f32*/,
+                              const int32_t *rows /*[n] or NULL*/, int n, int V,
+                              const uint64_t *seed /*[n]*/, const uint64_t *counter /*[n]*/,
+                              uint32_t rng_stream, cudaStream_t stream);
 
 // Greedy (exact-match) acceptance for n sequences, twin of
 // nb_ref_spec_accept_greedy: sequence s has gamma[s] drafts (gamma == NULL:
@@ -113,6 +131,18 @@ nb_status nb_cuda_spec_accept(int n, int gamma_max, int V, const int32_t *gamma 
                               const uint64_t *seed /*[n]*/, const uint64_t *counter0 /*[n]*/,
                               int32_t *out_tokens /*[n][gamma_max+1]*/,
                               int32_t *n_accepted /*[n]*/, cudaStream_t stream);
+
+// nb_cuda_spec_accept with each sequence's rows gathered: sequence s reads
+// its gamma[s] + 1 target rows from p + p_row0[s]*V on and its draft rows
+// from q + q_row0[s]*V on; draft, out_tokens and the other arrays keep the
+// strides of nb_cuda_spec_accept. Same results per sequence.
+nb_status nb_cuda_spec_accept_rows(int n, int gamma_max, int V, const int32_t *gamma /*[n] or NULL*/,
+                                   const float *p /*[*][V]*/, const int32_t *p_row0 /*[n]*/,
+                                   const float *q /*[*][V]*/, const int32_t *q_row0 /*[n]*/,
+                                   const int32_t *draft /*[n][gamma_max]*/,
+                                   const uint64_t *seed /*[n]*/, const uint64_t *counter0 /*[n]*/,
+                                   int32_t *out_tokens /*[n][gamma_max+1]*/,
+                                   int32_t *n_accepted /*[n]*/, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -550,6 +550,7 @@ static void test_probs_sample() {
     long rows = 0, status_bad = 0, set_diff = 0, val_bad = 0, rows_exact = 0;
     int64_t max_ulp = 0;
     long greedy_n = 0, greedy_dis = 0, samp_n = 0, samp_dis = 0, cdf_dis = 0;
+    long gather_rows = 0, gather_diff = 0;
     for (int vi = 0; vi < 3; vi++) {
         const int V = Vs[vi], n = Ns[vi];
         std::vector<float> lg((size_t)n * V);
@@ -587,6 +588,39 @@ static void test_probs_sample() {
         NB_CHECK(nb_cuda_sample(dtok2.p, dref.p, n, V, dseed.p, dcnt.p, 0, 0));
         std::vector<float> got = dpr.down();
         std::vector<int32_t> st = dst.down(), tok = dtok.down(), tok2 = dtok2.down();
+        // Gathered rows (the engine's use): row r read from logits row
+        // perm[r] of a copy, written to row perm2[r] of a larger buffer, and
+        // in place; each must give the identity call's bits.
+        {
+            std::vector<int32_t> perm(n), perm2(n);
+            for (int r = 0; r < n; r++) perm[r] = perm2[r] = r;
+            for (int r = n - 1; r > 0; r--) {
+                std::swap(perm[r], perm[rnd32() % (r + 1)]);
+                std::swap(perm2[r], perm2[rnd32() % (r + 1)]);
+            }
+            std::vector<float> lgp((size_t)n * V);
+            for (int r = 0; r < n; r++)
+                memcpy(&lgp[(size_t)perm[r] * V], &lg[(size_t)r * V], (size_t)V * sizeof(float));
+            for (int r = 0; r < n; r++) perm2[r] += n / 3; // rows n/3.. of a buffer of n + n/3
+            std::vector<float> poison((size_t)(n + n / 3) * V, NAN);
+            dbuf<float> dlgp(lgp), dout(poison), dinpl(lgp);
+            dbuf<int32_t> dperm(perm), dperm2(perm2), dst2(n), dtok3(n), dst3(n);
+            NB_CHECK(nb_cuda_probs_rows(dout.p, dperm2.p, dlgp.p, dperm.p, n, V, dsp.p, dst2.p, 0));
+            NB_CHECK(nb_cuda_sample_rows(dtok3.p, dout.p, dperm2.p, n, V, dseed.p, dcnt.p, 0, 0));
+            NB_CHECK(nb_cuda_probs_rows(dinpl.p, dperm.p, dinpl.p, dperm.p, n, V, dsp.p, dst3.p, 0));
+            std::vector<float> g2 = dout.down(), g3 = dinpl.down();
+            std::vector<int32_t> st2 = dst2.down(), tok3 = dtok3.down(), st3 = dst3.down();
+            long gdiff = 0;
+            for (int r = 0; r < n; r++) {
+                gdiff += st2[r] != st[r] || st3[r] != st[r];
+                if (st[r] != NB_OK) continue;
+                gdiff += tok3[r] != tok[r];
+                gdiff += memcmp(&g2[(size_t)perm2[r] * V], &got[(size_t)r * V], (size_t)V * 4) != 0;
+                gdiff += memcmp(&g3[(size_t)perm[r] * V], &got[(size_t)r * V], (size_t)V * 4) != 0;
+            }
+            gather_rows += n;
+            gather_diff += gdiff;
+        }
         for (int r = 0; r < n; r++) {
             rows++;
             if (st[r] != ref_st[r]) {
@@ -633,6 +667,9 @@ static void test_probs_sample() {
             "CPU chain (allowed 0.1%%: %ld), %ld when sampling the CPU's probs", samp_n, samp_dis,
             samp_n / 1000, cdf_dis);
     if (cdf_dis > samp_n / 1000) summary(false, "sample cdf", "%ld disagreements", cdf_dis);
+    summary(gather_diff == 0, "probs/sample rows", "%ld rows gathered (permuted, offset, in "
+            "place): %ld differences from the identity calls (must be 0: same bits)", gather_rows,
+            gather_diff);
 }
 
 // ------------------------------------------------------------ acceptance
@@ -641,6 +678,7 @@ static void test_spec_accept() {
     const int Ns[] = {384, 96, 24};
     const int G = 6; // gamma_max
     long seqs = 0, dis = 0, st_bad = 0, gseqs = 0, gdis = 0, accepted = 0, errs = 0;
+    long gather_seqs = 0, gather_dis = 0;
     for (int vi = 0; vi < 3; vi++) {
         const int V = Vs[vi], n = Ns[vi];
         std::vector<float> p((size_t)n * (G + 1) * V), q((size_t)n * G * V), lg(V), lq(V), work(V);
@@ -689,6 +727,39 @@ static void test_spec_accept() {
         NB_CHECK(nb_cuda_spec_accept(n, G, V, dgam.p, dp.p, dq.p, ddraft.p, dseed.p, dc0.p,
                                      dout.p, dn.p, 0));
         std::vector<int32_t> out = dout.down(), na = dn.down();
+        {
+            // Gathered: sequence s's p rows start at row p_row0[s] and its q
+            // rows at q_row0[s] of shuffled buffers; the same results.
+            std::vector<int32_t> order(n), prow(n), qrow(n);
+            for (int s = 0; s < n; s++) order[s] = s;
+            for (int s = n - 1; s > 0; s--) std::swap(order[s], order[rnd32() % (s + 1)]);
+            std::vector<float> pg((size_t)(n * (G + 1) + 3) * V, NAN), qg((size_t)(n * G + 5) * V, NAN);
+            for (int j = 0; j < n; j++) {
+                int s = order[j];
+                prow[s] = 3 + j * (G + 1);
+                qrow[s] = 5 + j * G;
+                memcpy(&pg[(size_t)prow[s] * V], &p[(size_t)s * (G + 1) * V], (size_t)(G + 1) * V * 4);
+                memcpy(&qg[(size_t)qrow[s] * V], &q[(size_t)s * G * V], (size_t)G * V * 4);
+            }
+            dbuf<float> dpg(pg), dqg(qg);
+            dbuf<int32_t> dprow(prow), dqrow(qrow), dout2((size_t)n * (G + 1)), dn2(n);
+            std::vector<int32_t> init((size_t)n * (G + 1), -7);
+            CUDA_CHECK(cudaMemcpy(dout2.p, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dout.p, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
+            NB_CHECK(nb_cuda_spec_accept(n, G, V, dgam.p, dp.p, dq.p, ddraft.p, dseed.p, dc0.p,
+                                         dout.p, dn.p, 0));
+            NB_CHECK(nb_cuda_spec_accept_rows(n, G, V, dgam.p, dpg.p, dprow.p, dqg.p, dqrow.p,
+                                              ddraft.p, dseed.p, dc0.p, dout2.p, dn2.p, 0));
+            out = dout.down();
+            std::vector<int32_t> out2 = dout2.down(), na2 = dn2.down();
+            for (int s = 0; s < n; s++) {
+                gather_seqs++;
+                bool same = na2[s] == na[s];
+                for (int i = 0; same && na[s] >= 0 && i <= na[s]; i++)
+                    same = out2[(size_t)s * (G + 1) + i] == out[(size_t)s * (G + 1) + i];
+                gather_dis += !same;
+            }
+        }
         for (int s = 0; s < n; s++) {
             seqs++;
             if (na[s] != ref_n[s]) {
@@ -743,6 +814,8 @@ static void test_spec_accept() {
             st_bad, dis, seqs / 1000);
     summary(gdis == 0, "spec_accept_greedy", "%ld sequences, %ld disagreements (must be 0)", gseqs,
             gdis);
+    summary(gather_dis == 0, "spec_accept rows", "%ld sequences with gathered p/q rows, %ld "
+            "differences from the strided call (must be 0)", gather_seqs, gather_dis);
 }
 
 // ------------------------------------------------------------ timings
