@@ -5,3 +5,5 @@ nb_add_test(test_engine_proxy SOURCES unit/test_engine_proxy.c
             LIBS nb_worker_core PkgConfig::CJSON TIMEOUT 1200 LABELS engine)
 nb_add_test(test_engine_semantics SOURCES unit/test_engine_semantics.c
             LIBS nb_worker_core PkgConfig::CJSON TIMEOUT 1200 LABELS engine)
+nb_add_test(test_sample_host SOURCES unit/test_sample_host.c LIBS nb_worker_core TIMEOUT 120
+            LABELS unit)

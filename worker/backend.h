@@ -19,6 +19,7 @@
 #include "kv_layout.h"
 #include "model_loader.h"
 #include "nb_status.h"
+#include "sampling.h"
 
 typedef enum nb_fwd_mode {
     NB_FWD_TARGET = 0, // target weights, both nibbles of quantized KV
@@ -31,12 +32,34 @@ typedef enum nb_target_weights {
     NB_TARGET_WEIGHTS_INT8 = 1,  // hierarchical 8-bit: 16*U + L, the draft reading U
 } nb_target_weights;
 
+// What the backend makes of a sequence's logit rows besides the logits and
+// argmax: tokens, sampled where the logits are (on the GPU for the cuda
+// backend) with sampling.h's reference semantics and counters. A logit row
+// at position t decides the token at t + 1, and that position is its counter.
+// Greedy sequences (temperature 0) get the argmax and exact-match acceptance.
+typedef enum nb_fwd_sample {
+    NB_FWD_SAMPLE_NONE = 0, // logits/argmax only
+    NB_FWD_SAMPLE_TARGET,   // each logit row: a token from nb_ref_probs(sp), rng stream 2
+    NB_FWD_SAMPLE_DRAFT,    // one logit row: q = nb_ref_probs(sp) is kept in the sequence's
+                            // draft slot (slot, draft_step); a token from q, rng stream 0
+    NB_FWD_SAMPLE_VERIFY,   // gamma + 1 = n_logits rows, target distributions p;
+                            // nb_ref_spec_accept against drafts[0..gamma) and the q kept
+                            // at (slot, 0..gamma), counter0 = the first logit row's
+                            // position + 1
+} nb_fwd_sample;
+
 typedef struct nb_fwd_seq {
     nb_bm_seq_view view;   // the sequence's blocks, including the new rows' slots
     int32_t pos0;          // absolute position of the first new row
     int32_t n_rows;        // new rows; their KV is written by this pass
     const int32_t *tokens; // [n_rows] input token ids
     int32_t n_logits;      // logits wanted for the last n_logits rows (0..n_rows)
+    // Sampling (optional; zero = NB_FWD_SAMPLE_NONE):
+    nb_fwd_sample sample;
+    const nb_sampling_params *sp; // valid (temperature >= 0, top_k >= 0, top_p in (0, 1])
+    int32_t slot;                 // draft slot, [0, bm max_seqs): the engine's sequence id
+    int32_t draft_step;           // DRAFT: [0, max_gamma)
+    const int32_t *drafts;        // VERIFY: [n_logits - 1]
 } nb_fwd_seq;
 
 typedef struct nb_fwd_batch {
@@ -51,6 +74,15 @@ typedef struct nb_fwd_batch {
     // (the cuda backend then downloads 4 bytes per row instead of 4V).
     int32_t *argmax;
     bool skip_logits;
+    // Sampling outputs, in logit-row order ([sum of n_logits]; needed when a
+    // sequence asks for sampling): TARGET/DRAFT rows get their token, or -1
+    // when the row's logits hold NaN/+inf or are all -inf; a VERIFY
+    // sequence's rows get the accepted drafts then the correction/bonus
+    // (n_accepted + 1 tokens). n_accepted ([n_seqs]) is set for VERIFY
+    // sequences: the accepted drafts, or NB_ERR_NON_FINITE (negative) when a
+    // target row cannot be sampled.
+    int32_t *sampled;
+    int32_t *n_accepted;
 } nb_fwd_batch;
 
 typedef struct nb_backend_config {
@@ -63,8 +95,11 @@ typedef struct nb_backend_config {
     bool draft_w4;               // the draft uses 4-bit weights (false: the target's)
     nb_kv_view draft_view;       // how the draft reads quantized KV (ablation: TARGET)
     int32_t max_logit_rows;      // most logit rows in one pass (0: max_rows)
+    int32_t max_gamma;           // draft slots per sequence for sampled drafting (0: none)
     int device;                  // cuda: the device ordinal
     bool cuda_graphs;            // cuda: replay step passes from CUDA graphs
+    bool host_sampling;          // cuda: sample on the host from downloaded logits with the
+                                 // reference functions (the twin of the device sampler)
 } nb_backend_config;
 
 // Passes whose sequences all have at most this many rows (draft, verify with

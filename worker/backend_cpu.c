@@ -18,6 +18,7 @@
 #include "backend.h"
 #include "kv_quant.h"
 #include "ops_ref.h"
+#include "sample_host.h"
 #include "wquant.h"
 
 typedef struct lin {
@@ -49,6 +50,7 @@ typedef struct cpu_backend {
     int32_t *tok, *pos;
     float *attn_work;
     int32_t *qb_tmp; // [max_seq_len/G + 2]
+    nb_host_sampler hs; // sampling requests, with the draft slots
 } cpu_backend;
 
 // Quantizes one linear layer when a quantized copy is wanted and its input
@@ -108,6 +110,7 @@ static void cpu_destroy(nb_backend *base) {
         free(be->layers);
     }
     free(be->lm_head.buf);
+    nb_host_sampler_free(&be->hs);
     free(be->inv_freq);
     free(be->pools.upper);
     free(be->pools.lower);
@@ -233,10 +236,16 @@ static nb_status cpu_forward(nb_backend *base, const nb_fwd_batch *b, char *err,
         R += fs->n_rows;
         n_logits += fs->n_logits;
     }
+    if (b->n_seqs > 0 && n_logits > 0 && !b->logits) {
+        nb_set_err(err, err_len, "forward: no logits buffer");
+        return NB_ERR_INVALID_ARG;
+    }
+    nb_status st = nb_fwd_sample_check(b, V, be->hs.n_slots, be->hs.max_gamma, err, err_len);
+    if (st != NB_OK) return st;
     const nb_fwd_mode mode = b->mode;
     const nb_kv_view view = mode == NB_FWD_DRAFT ? be->cfg.draft_view : NB_KV_VIEW_TARGET;
 
-    nb_status st = nb_ref_embed(be->x, mw->tok_embd.data, mw->tok_embd.dtype, be->tok, R, H, V);
+    st = nb_ref_embed(be->x, mw->tok_embd.data, mw->tok_embd.dtype, be->tok, R, H, V);
     if (st != NB_OK) return st;
     for (int l = 0; l < mc->n_layers; l++) {
         const nb_layer_weights *lw = &mw->layers[l];
@@ -288,6 +297,7 @@ static nb_status cpu_forward(nb_backend *base, const nb_fwd_batch *b, char *err,
     if (b->argmax)
         for (int r = 0; r < n_logits; r++)
             b->argmax[r] = nb_ref_argmax(b->logits + (size_t)r * mc->vocab_size, mc->vocab_size);
+    nb_host_sample(&be->hs, b, b->logits, b->argmax, false);
     return NB_OK;
 }
 
@@ -388,6 +398,9 @@ nb_status nb_backend_cpu_new(const nb_backend_config *cfg, nb_backend **out, cha
     int32_t max_groups = cfg->max_seq_len / G + 2;
     ALLOC_OR_FAIL(be->attn_work, nb_ref_paged_attention_work_size(lay, max_groups, 0));
     ALLOC_OR_FAIL(be->qb_tmp, max_groups);
+    if (nb_host_sampler_init(&be->hs, mc->vocab_size, cfg->bm->max_seqs,
+                             cfg->max_gamma > 0 ? cfg->max_gamma : 0, false) != NB_OK)
+        goto out_oom;
     *out = &be->base;
     return NB_OK;
 

@@ -39,6 +39,7 @@
 #include "ops_cuda.h"
 #include "ops_ref.h"
 #include "paged_attention_cuda.h"
+#include "sample_host.h"
 #include "sampling_cuda.h"
 #include "wquant.h"
 
@@ -70,6 +71,29 @@ typedef struct upload_ent {
 typedef struct meta_off {
     size_t tok, pos, kvb, kvs, lrow, ent, qt, ft, end;
 } meta_off;
+
+// Sampling metadata, rows j in [0, LR) and verify sequences v in [0, MS).
+typedef struct samp_off {
+    size_t sp, seed, cnt, vseed, vc0, in_row, out_row, vprow, vqrow, vgam, vdraft, end;
+} samp_off;
+
+static samp_off samp_layout(int LR, int MS, int MG) {
+    samp_off o;
+    size_t a = 0;
+    o.sp = a; a += (size_t)LR * sizeof(nb_sampling_params);
+    o.seed = a; a += (size_t)LR * 8;
+    o.cnt = a; a += (size_t)LR * 8;
+    o.vseed = a; a += (size_t)MS * 8;
+    o.vc0 = a; a += (size_t)MS * 8;
+    o.in_row = a; a += (size_t)LR * 4;
+    o.out_row = a; a += (size_t)LR * 4;
+    o.vprow = a; a += (size_t)MS * 4;
+    o.vqrow = a; a += (size_t)MS * 4;
+    o.vgam = a; a += (size_t)MS * 4;
+    o.vdraft = a; a += (size_t)MS * (MG > 0 ? MG : 1) * 4;
+    o.end = a;
+    return o;
+}
 
 // Fixed for a backend (offsets do not depend on the pass, so a captured graph
 // stays valid): tok, pos, kvb, kvs [R], lrow [LR], ent [R], qt, ft [tab].
@@ -156,6 +180,15 @@ typedef struct cuda_backend {
     int n_graphs;
     void *blas_ws;
     int32_t *work_h, *work_d; // [4][WORK_BATCH]: src, dst, n_tokens, status
+    // Sampling requests (backend.h): greedy ones on the host from the argmax;
+    // temperature > 0 on the device (or, host_sampling, on the host).
+    nb_host_sampler hs;
+    int32_t n_slots, max_gamma;
+    float *qstore;                // [n_slots * max_gamma][V] draft distributions (device)
+    samp_off so;
+    uint8_t *smeta_h, *smeta_d;   // sampling metadata (pinned host, device)
+    int32_t *sres_h, *sres_d;     // results: tok, status [LRp], vout [n_slots][max_gamma+1], nacc [n_slots]
+    int32_t *samp_j, *samp_v;     // [n_slots] per sequence of a pass: first row index, verify index
 } cuda_backend;
 
 static nb_status cuda_fail(char *err, size_t err_len, const char *what, cudaError_t e) {
@@ -325,6 +358,11 @@ static void cuda_destroy(nb_backend *base) {
     if (be->logits_h) cudaFreeHost(be->logits_h);
     if (be->argmax_h) cudaFreeHost(be->argmax_h);
     if (be->work_h) cudaFreeHost(be->work_h);
+    if (be->smeta_h) cudaFreeHost(be->smeta_h);
+    if (be->sres_h) cudaFreeHost(be->sres_h);
+    free(be->samp_j);
+    free(be->samp_v);
+    nb_host_sampler_free(&be->hs);
     if (be->blas) cublasDestroy(be->blas);
     if (be->stream) cudaStreamDestroy(be->stream);
     free(be);
@@ -600,6 +638,122 @@ static nb_status run_graph(cuda_backend *be, pass *ps, char *err, size_t err_len
     return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, "cudaGraphLaunch", e);
 }
 
+// ---------------------------------------------------------------------------
+// sampling on the device
+// ---------------------------------------------------------------------------
+//
+// The temperature > 0 requests of a pass, after its logits (and the argmax)
+// are computed and, when wanted, their download is enqueued: the target
+// distributions are formed in place in the logits buffer, draft
+// distributions in the sequence's draft slot of qstore, then sampled or
+// accepted; one metadata upload before, one result download after. Rows j:
+// target rows, then verify rows (both in place), then draft rows.
+
+static bool samples_hot(const nb_fwd_seq *fs) {
+    return fs->sample != NB_FWD_SAMPLE_NONE && fs->n_logits > 0 && fs->sp->temperature != 0.0f;
+}
+
+static nb_status sample_enqueue(cuda_backend *be, const nb_fwd_batch *b, char *err, size_t err_len) {
+    const int V = be->mc->vocab_size, MG = be->max_gamma;
+    const samp_off so = be->so;
+    uint8_t *mh = be->smeta_h;
+    nb_sampling_params *sp = (nb_sampling_params *)(mh + so.sp);
+    uint64_t *seed = (uint64_t *)(mh + so.seed), *cnt = (uint64_t *)(mh + so.cnt);
+    uint64_t *vseed = (uint64_t *)(mh + so.vseed), *vc0 = (uint64_t *)(mh + so.vc0);
+    int32_t *in_row = (int32_t *)(mh + so.in_row), *out_row = (int32_t *)(mh + so.out_row);
+    int32_t *vprow = (int32_t *)(mh + so.vprow), *vqrow = (int32_t *)(mh + so.vqrow);
+    int32_t *vgam = (int32_t *)(mh + so.vgam), *vdraft = (int32_t *)(mh + so.vdraft);
+    int nT = 0, nVr = 0, nD = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const nb_fwd_seq *fs = &b->seqs[s];
+        if (!samples_hot(fs)) continue;
+        if (fs->sample == NB_FWD_SAMPLE_TARGET) nT += fs->n_logits;
+        else if (fs->sample == NB_FWD_SAMPLE_VERIFY) nVr += fs->n_logits;
+        else nD += fs->n_logits;
+    }
+    int jT = 0, jV = nT, jD = nT + nVr, v = 0, lr = 0;
+    for (int s = 0; s < b->n_seqs; lr += b->seqs[s].n_logits, s++) {
+        const nb_fwd_seq *fs = &b->seqs[s];
+        if (!samples_hot(fs)) continue;
+        const int32_t pos_l0 = fs->pos0 + fs->n_rows - fs->n_logits;
+        int *j = fs->sample == NB_FWD_SAMPLE_TARGET ? &jT : fs->sample == NB_FWD_SAMPLE_VERIFY ? &jV : &jD;
+        be->samp_j[s] = *j;
+        for (int r = 0; r < fs->n_logits; r++, (*j)++) {
+            sp[*j] = *fs->sp;
+            seed[*j] = fs->sp->seed;
+            cnt[*j] = (uint64_t)(pos_l0 + r) + 1;
+            in_row[*j] = lr + r;
+            out_row[*j] = fs->sample == NB_FWD_SAMPLE_DRAFT ? fs->slot * MG + fs->draft_step : lr + r;
+        }
+        if (fs->sample == NB_FWD_SAMPLE_VERIFY) {
+            be->samp_v[s] = v;
+            vprow[v] = lr;
+            vqrow[v] = fs->slot * MG;
+            vgam[v] = fs->n_logits - 1;
+            memcpy(vdraft + (size_t)v * MG, fs->drafts, (size_t)(fs->n_logits - 1) * sizeof(int32_t));
+            vseed[v] = fs->sp->seed;
+            vc0[v] = (uint64_t)pos_l0 + 1;
+            v++;
+        }
+    }
+    const int nA = nT + nVr, nv = v, LRp = be->LRp;
+    cudaStream_t S = be->stream;
+    const uint8_t *md = be->smeta_d;
+    const nb_sampling_params *d_sp = (const nb_sampling_params *)(md + so.sp);
+    const uint64_t *d_seed = (const uint64_t *)(md + so.seed), *d_cnt = (const uint64_t *)(md + so.cnt);
+    const int32_t *d_in = (const int32_t *)(md + so.in_row), *d_out = (const int32_t *)(md + so.out_row);
+    int32_t *tok = be->sres_d, *stt = tok + LRp, *vout = stt + LRp, *nacc = vout + (size_t)be->n_slots * (MG + 1);
+    nb_status st = NB_OK;
+    if (cudaMemcpyAsync(be->smeta_d, mh, so.end, cudaMemcpyHostToDevice, S) != cudaSuccess)
+        st = NB_ERR_BACKEND;
+    if (st == NB_OK)
+        st = nb_cuda_probs_rows(be->logits, d_in, be->logits, d_in, nA, V, d_sp, stt, S);
+    if (st == NB_OK && nD > 0)
+        st = nb_cuda_probs_rows(be->qstore, d_out + nA, be->logits, d_in + nA, nD, V, d_sp + nA,
+                                stt + nA, S);
+    if (st == NB_OK) st = nb_cuda_sample_rows(tok, be->logits, d_in, nT, V, d_seed, d_cnt, 2, S);
+    if (st == NB_OK && nD > 0)
+        st = nb_cuda_sample_rows(tok + nA, be->qstore, d_out + nA, nD, V, d_seed + nA, d_cnt + nA, 0, S);
+    if (st == NB_OK && nv > 0)
+        st = nb_cuda_spec_accept_rows(nv, MG, V, (const int32_t *)(md + so.vgam), be->logits,
+                                      (const int32_t *)(md + so.vprow), be->qstore,
+                                      (const int32_t *)(md + so.vqrow),
+                                      (const int32_t *)(md + so.vdraft),
+                                      (const uint64_t *)(md + so.vseed),
+                                      (const uint64_t *)(md + so.vc0), vout, nacc, S);
+    size_t n_res = (size_t)2 * LRp + (size_t)be->n_slots * (MG + 2);
+    if (st == NB_OK && cudaMemcpyAsync(be->sres_h, be->sres_d, n_res * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, S) != cudaSuccess)
+        st = NB_ERR_BACKEND;
+    if (st != NB_OK)
+        nb_set_err(err, err_len, "forward: sampling launch: %s", cudaGetErrorString(cudaGetLastError()));
+    return st;
+}
+
+// After the stream synchronised: the device results into b->sampled and
+// b->n_accepted.
+static void sample_collect(cuda_backend *be, const nb_fwd_batch *b) {
+    const int MG = be->max_gamma, LRp = be->LRp;
+    const int32_t *tok = be->sres_h, *stt = tok + LRp, *vout = stt + LRp;
+    const int32_t *nacc = vout + (size_t)be->n_slots * (MG + 1);
+    int lr = 0;
+    for (int s = 0; s < b->n_seqs; lr += b->seqs[s].n_logits, s++) {
+        const nb_fwd_seq *fs = &b->seqs[s];
+        if (!samples_hot(fs)) continue;
+        const int j0 = be->samp_j[s];
+        if (fs->sample != NB_FWD_SAMPLE_VERIFY) {
+            for (int r = 0; r < fs->n_logits; r++)
+                b->sampled[lr + r] = stt[j0 + r] == NB_OK ? tok[j0 + r] : -1;
+            continue;
+        }
+        const int v = be->samp_v[s];
+        bool ok = nacc[v] >= 0;
+        for (int r = 0; r < fs->n_logits; r++) ok &= stt[j0 + r] == NB_OK;
+        b->n_accepted[s] = ok ? nacc[v] : NB_ERR_NON_FINITE;
+        if (ok) memcpy(b->sampled + lr, vout + (size_t)v * (MG + 1), (size_t)(nacc[v] + 1) * sizeof(int32_t));
+    }
+}
+
 static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err, size_t err_len) {
     cuda_backend *be = (cuda_backend *)base;
     const nb_model_config *mc = be->mc;
@@ -634,6 +788,19 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     if (b->n_seqs < 1 || b->n_seqs > be->cfg.bm->max_seqs) {
         nb_set_err(err, err_len, "forward: %d sequences (1..%d)", b->n_seqs, be->cfg.bm->max_seqs);
         return NB_ERR_INVALID_ARG;
+    }
+    nb_status st = nb_fwd_sample_check(b, V, be->n_slots, be->max_gamma, err, err_len);
+    if (st != NB_OK) return st;
+    bool any_sample = false;
+    for (int s = 0; s < b->n_seqs; s++) any_sample |= b->seqs[s].sample != NB_FWD_SAMPLE_NONE;
+    const bool hot = nb_fwd_sample_needs_probs(b);
+    if (hot && be->max_gamma == 0 && !be->cfg.host_sampling) {
+        // NOTE: only reachable with a hand-built config (the engine sets max_gamma).
+        for (int s = 0; s < b->n_seqs; s++)
+            if (samples_hot(&b->seqs[s]) && b->seqs[s].sample != NB_FWD_SAMPLE_TARGET) {
+                nb_set_err(err, err_len, "forward: sampled drafting without draft slots");
+                return NB_ERR_INVALID_ARG;
+            }
     }
     const bool step = be->step_ok && max_rows <= NB_CUDA_STEP_ROWS;
     const int per = step ? be->entry_rows : max_rows;
@@ -738,13 +905,15 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
 
 pass ps = {.mode = mode, .step = step, .R = R, .n_logits = n_logits, .d_tok = d_tok, .d_pos = d_pos,
                .d_kvb = d_kvb, .d_kvs = d_kvs, .d_lrow = d_lrow, .pa = pa};
-    nb_status st = step && be->cfg.cuda_graphs ? run_graph(be, &ps, err, err_len) : run_pass(be, &ps, err, err_len);
+    st = step && be->cfg.cuda_graphs ? run_graph(be, &ps, err, err_len) : run_pass(be, &ps, err, err_len);
     if (st != NB_OK) return st;
     // NOTE: greedy tokens are taken on the GPU (nb_cuda_argmax, bit-exact
-    // with nb_ref_argmax), after the pass and outside its graph; with
-    // skip_logits only they are downloaded.
-    const bool want_logits = n_logits > 0 && !(b->argmax && b->skip_logits);
-    if (n_logits > 0 && b->argmax) {
+    // with nb_ref_argmax), after the pass and outside its graph, and so is
+    // sampling; with skip_logits only their results are downloaded.
+    const bool host_samp = hot && be->cfg.host_sampling;
+    const bool want_argmax = n_logits > 0 && (b->argmax || any_sample);
+    const bool want_logits = n_logits > 0 && (!b->skip_logits || host_samp);
+    if (want_argmax) {
         if (nb_cuda_argmax(be->argmax_d, be->logits, n_logits, V, S) != NB_OK) {
             nb_set_err(err, err_len, "forward: argmax launch: %s",
                        cudaGetErrorString(cudaGetLastError()));
@@ -754,15 +923,23 @@ pass ps = {.mode = mode, .step = step, .R = R, .n_logits = n_logits, .d_tok = d_
                             cudaMemcpyDeviceToHost, S) != cudaSuccess)
             return sync_check(be, "forward: argmax download", err, err_len);
     }
-    if (want_logits) {
+    if (want_logits) { // enqueued before sampling overwrites the logits in place
         if (cudaMemcpyAsync(be->logits_h, be->logits, (size_t)n_logits * V * sizeof(float),
                             cudaMemcpyDeviceToHost, S) != cudaSuccess)
             return sync_check(be, "forward: logits download", err, err_len);
     }
+    if (hot && !host_samp && (st = sample_enqueue(be, b, err, err_len)) != NB_OK) {
+        sync_check(be, "forward: sampling", NULL, 0);
+        return st;
+    }
     st = sync_check(be, "forward", err, err_len);
     if (st != NB_OK) return st;
-    if (want_logits) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
+    if (want_logits && !b->skip_logits) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
     if (n_logits > 0 && b->argmax) memcpy(b->argmax, be->argmax_h, (size_t)n_logits * sizeof(int32_t));
+    if (any_sample && n_logits > 0) {
+        nb_host_sample(&be->hs, b, be->logits_h, be->argmax_h, !host_samp);
+        if (hot && !host_samp) sample_collect(be, b);
+    }
     return NB_OK;
 }
 
@@ -896,12 +1073,34 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         (st = dev_alloc(be, (void **)&be->work_d, 4 * WORK_BATCH * sizeof(int32_t), err, err_len)) ||
         (st = dev_alloc(be, (void **)&be->argmax_d, LRp * sizeof(int32_t), err, err_len)))
         return st;
+    // Sampling: draft slots for every sequence (sampled drafting keeps q
+    // until VERIFY), metadata and results.
+    be->n_slots = cfg->bm->max_seqs;
+    be->max_gamma = cfg->max_gamma > 0 ? cfg->max_gamma : 0;
+    be->so = samp_layout(be->LRp, be->n_slots, be->max_gamma);
+    size_t n_res = 2 * LRp + (size_t)be->n_slots * (be->max_gamma + 2);
+    if (be->max_gamma > 0 && !cfg->host_sampling &&
+        (st = dev_alloc(be, (void **)&be->qstore,
+                        (size_t)be->n_slots * be->max_gamma * V * sizeof(float), err, err_len)))
+        return st;
+    if ((st = dev_alloc(be, (void **)&be->smeta_d, be->so.end, err, err_len)) ||
+        (st = dev_alloc(be, (void **)&be->sres_d, n_res * sizeof(int32_t), err, err_len)))
+        return st;
     if (!be->plan_only) {
         cudaError_t e = cudaMallocHost((void **)&be->meta_h, be->meta_bytes);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&be->logits_h, LRp * V * sizeof(float));
         if (e == cudaSuccess) e = cudaMallocHost((void **)&be->argmax_h, LRp * sizeof(int32_t));
         if (e == cudaSuccess) e = cudaMallocHost((void **)&be->work_h, 4 * WORK_BATCH * sizeof(int32_t));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&be->smeta_h, be->so.end);
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&be->sres_h, n_res * sizeof(int32_t));
         if (e != cudaSuccess) return cuda_fail(err, err_len, "pinned host buffers", e);
+        be->samp_j = calloc((size_t)be->n_slots, sizeof(int32_t));
+        be->samp_v = calloc((size_t)be->n_slots, sizeof(int32_t));
+        if (!be->samp_j || !be->samp_v ||
+            nb_host_sampler_init(&be->hs, V, be->n_slots, be->max_gamma, !cfg->host_sampling) != NB_OK) {
+            nb_set_err(err, err_len, "cuda backend: out of host memory");
+            return NB_ERR_OUT_OF_MEMORY;
+        }
     }
     return NB_OK;
 }

@@ -24,7 +24,6 @@ typedef struct eseq {
     int32_t next_token;  // sampled, not in the cache; -1 before the first prefill
     int32_t n_drafts;    // drafts awaiting VERIFY (d1..d_gamma), 0 when none
     int32_t drafts[NB_ENGINE_MAX_GAMMA];
-    float *q_probs;      // [max_gamma][V] draft distributions (sampling only)
     int64_t n_draft_tokens;
     int64_t n_accepted_tokens;
 } eseq;
@@ -42,8 +41,8 @@ struct nb_engine {
     int32_t max_logit_rows;
     float *logits;       // [max_logit_rows][V]
     int32_t *argmax;     // [max_logit_rows] greedy token of each logit row (from the backend)
-    float *probs;        // [max_gamma + 1][V]
-    float *work_v;       // [V]
+    int32_t *sampled;    // [max_logit_rows] tokens the backend sampled (nb_fwd_batch.sampled)
+    int32_t *n_acc;      // [max_seqs] verify results (nb_fwd_batch.n_accepted)
     nb_fwd_seq *fwd;     // [max_seqs]
     int32_t *fwd_slot;   // [max_seqs] sequence of each fwd entry
     int32_t *fwd_owner;  // [max_seqs] index into the command's arrays
@@ -187,8 +186,10 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         .draft_w4 = p.draft_w4,
         .draft_view = p.draft_int4_kv ? NB_KV_VIEW_DRAFT : NB_KV_VIEW_TARGET,
         .max_logit_rows = e->max_logit_rows,
+        .max_gamma = p.max_gamma,
         .device = p.device,
         .cuda_graphs = p.cuda_graphs,
+        .host_sampling = p.host_sampling,
     };
 #ifdef NB_HAVE_CUDA
     // Memory plan as vLLM: weights and workspace first, the KV pools get the
@@ -263,13 +264,13 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     e->seqs = calloc((size_t)p.max_seqs, sizeof(eseq));
     e->logits = malloc((size_t)e->max_logit_rows * e->V * sizeof(float));
     e->argmax = malloc((size_t)e->max_logit_rows * sizeof(int32_t));
-    e->probs = malloc((size_t)(p.max_gamma + 1) * e->V * sizeof(float));
-    e->work_v = malloc((size_t)e->V * sizeof(float));
+    e->sampled = malloc((size_t)e->max_logit_rows * sizeof(int32_t));
+    e->n_acc = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->fwd = calloc((size_t)p.max_seqs, sizeof(nb_fwd_seq));
     e->fwd_owner = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->fwd_slot = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->cur = calloc((size_t)p.max_seqs, sizeof(int32_t));
-    if (!e->work.items || !e->seqs || !e->logits || !e->argmax || !e->probs || !e->work_v || !e->fwd ||
+    if (!e->work.items || !e->seqs || !e->logits || !e->argmax || !e->sampled || !e->n_acc || !e->fwd ||
         !e->fwd_owner || !e->fwd_slot || !e->cur) {
         nb_set_err(err, err_len, "engine: out of host memory");
         goto out_free;
@@ -284,16 +285,14 @@ out_free:
 void nb_engine_destroy(nb_engine **e_p) {
     if (!e_p || !*e_p) return;
     nb_engine *e = *e_p;
-    if (e->seqs)
-        for (int32_t i = 0; i < e->p.max_seqs; i++) free(e->seqs[i].q_probs);
     if (e->be) e->be->ops->destroy(e->be);
     nb_bm_destroy(&e->bm);
     free(e->work.items);
     free(e->seqs);
     free(e->logits);
     free(e->argmax);
-    free(e->probs);
-    free(e->work_v);
+    free(e->sampled);
+    free(e->n_acc);
     free(e->fwd);
     free(e->fwd_owner);
     free(e->fwd_slot);
@@ -313,14 +312,7 @@ nb_backend *nb_engine_backend(nb_engine *e) { return e->be; }
 
 static nb_status eseq_init(nb_engine *e, int32_t seq, const nb_sampling_params *sp) {
     eseq *es = &e->seqs[seq];
-    float *q = es->q_probs;
     memset(es, 0, sizeof(*es));
-    es->q_probs = q;
-    if (sp->temperature > 0.0f && !es->q_probs) {
-        // NOTE: kept with the slot for reuse; freed with the engine.
-        es->q_probs = malloc((size_t)e->p.max_gamma * e->V * sizeof(float));
-        if (!es->q_probs) return NB_ERR_OUT_OF_MEMORY;
-    }
     es->live = true;
     es->sp = *sp;
     es->next_token = -1;
@@ -392,16 +384,16 @@ const int32_t *nb_engine_seq_tokens(const nb_engine *e, int32_t seq) {
 // ---------------------------------------------------------------------------
 
 // Called once per sequence of the list after its sub-batch ran, with its
-// logits ([n_logits][V]; NULL when the sub-batch skipped them, see
-// run_forward) and the backend's argmax of each of those rows ([n_logits]).
+// logits ([n_logits][V]; NULL unless the list asked for all logits), the
+// tokens the backend sampled for it ([n_logits], nb_fwd_batch.sampled) and,
+// for a verify, its n_accepted.
 typedef void (*consume_fn)(nb_engine *e, void *ctx, int32_t k, const float *logits,
-                           const int32_t *am);
+                           const int32_t *sampled, int32_t n_acc);
 
-// Runs the forward list in sub-batches. Greedy sequences need only the
-// argmax of their logit rows, which the backend computes where the logits
-// are (on the GPU: 4 bytes per row cross the bus instead of 4V); a
-// sub-batch whose sequences are all greedy skips the logits unless
-// all_logits (log-probabilities or scores asked for).
+// Runs the forward list in sub-batches. Tokens are sampled, and drafts
+// accepted, by the backend where the logits are (on the GPU: a few bytes per
+// row cross the bus instead of 4V); the logits themselves come back only
+// with all_logits (log-probabilities or scores asked for).
 static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_fn fn, void *ctx,
                              bool all_logits) {
     for (int32_t k0 = 0; k0 < n;) {
@@ -416,11 +408,9 @@ static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_
         // Views are read now: block tables may have changed since the list was built.
         for (int32_t k = k0; k < k1; k++)
             NB_ASSERT(nb_bm_seq_view_get(e->bm, e->fwd_slot[k], &e->fwd[k].view) == NB_OK);
-        bool skip = !all_logits;
-        for (int32_t k = k0; k < k1 && skip; k++)
-            if (e->fwd[k].n_logits > 0 && e->seqs[e->fwd_slot[k]].sp.temperature != 0.0f) skip = false;
+        const bool skip = !all_logits;
         nb_fwd_batch b = {.mode = mode, .n_seqs = k1 - k0, .seqs = e->fwd + k0, .logits = e->logits,
-                          .argmax = e->argmax, .skip_logits = skip};
+                          .skip_logits = skip, .sampled = e->sampled, .n_accepted = e->n_acc};
         char err[256];
         nb_status st = e->be->ops->forward(e->be, &b, err, sizeof(err));
         if (st != NB_OK) {
@@ -428,34 +418,31 @@ static nb_status run_forward(nb_engine *e, nb_fwd_mode mode, int32_t n, consume_
             return st;
         }
         const float *lg = e->logits;
-        const int32_t *am = e->argmax;
+        const int32_t *tok = e->sampled;
         for (int32_t k = k0; k < k1; k++) {
-            fn(e, ctx, k, skip ? NULL : lg, am);
+            fn(e, ctx, k, skip ? NULL : lg, tok, e->n_acc[k - k0]);
             lg += (size_t)e->fwd[k].n_logits * e->V;
-            am += e->fwd[k].n_logits;
+            tok += e->fwd[k].n_logits;
         }
         k0 = k1;
     }
     return NB_OK;
 }
 
-// Adds sequence `seq` (command index `owner`) to the forward list.
-static void fwd_push(nb_engine *e, int32_t *nf, int32_t seq, int32_t owner, int32_t pos0,
-                     int32_t n_rows, const int32_t *tokens, int32_t n_logits) {
+// Adds sequence `seq` (command index `owner`) to the forward list, its
+// logit rows sampled as `sample` says with the sequence's parameters. Target
+// tokens use rng stream 2, the stream of corrections and bonus tokens, so a
+// bonus is what target-only decoding would draw (backend.h, sampling.h).
+static nb_fwd_seq *fwd_push(nb_engine *e, int32_t *nf, int32_t seq, int32_t owner, int32_t pos0,
+                            int32_t n_rows, const int32_t *tokens, int32_t n_logits,
+                            nb_fwd_sample sample) {
     int32_t k = (*nf)++;
     e->fwd_slot[k] = seq;
     e->fwd_owner[k] = owner;
-    e->fwd[k] = (nb_fwd_seq){.pos0 = pos0, .n_rows = n_rows, .tokens = tokens, .n_logits = n_logits};
-}
-
-// A target token for the position pos_new: argmax when greedy, else sampled
-// from the processed distribution with stream 2 (the stream corrections and
-// bonus tokens use, so a bonus is what target-only decoding would draw).
-static int32_t sample_target(nb_engine *e, const eseq *es, const float *logits, int32_t am,
-                             int32_t pos_new) {
-    if (es->sp.temperature == 0.0f) return am; // nb_ref_argmax of the row, from the backend
-    if (nb_ref_probs(e->probs, logits, e->V, &es->sp, e->work_v) != NB_OK) return -1;
-    return nb_ref_sample(e->probs, e->V, nb_rng_uniform(es->sp.seed, (uint64_t)pos_new, 2));
+    e->fwd[k] = (nb_fwd_seq){.pos0 = pos0, .n_rows = n_rows, .tokens = tokens, .n_logits = n_logits,
+                             .sample = n_logits > 0 ? sample : NB_FWD_SAMPLE_NONE,
+                             .sp = &e->seqs[seq].sp, .slot = seq};
+    return &e->fwd[k];
 }
 
 // log softmax of raw logits at token t (double accumulation).
@@ -480,14 +467,14 @@ typedef struct prefill_ctx {
 } prefill_ctx;
 
 static void prefill_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
-                            const int32_t *am) {
+                            const int32_t *sampled, int32_t n_acc) {
+    (void)n_acc;
     prefill_ctx *c = vctx;
     const nb_fwd_seq *f = &e->fwd[k];
     if (f->n_logits == 0) return;
     int32_t i = e->fwd_owner[k];
     eseq *es = &e->seqs[c->seqs[i]];
-    int32_t pos_new = f->pos0 + f->n_rows;
-    es->next_token = sample_target(e, es, logits, am[0], pos_new);
+    es->next_token = sampled[0];
     if (es->next_token < 0) c->st[i] = NB_ERR_NON_FINITE;
     c->next[i] = es->next_token;
     if (c->next_logprob && es->next_token >= 0)
@@ -549,7 +536,8 @@ nb_status nb_engine_prefill(nb_engine *e, int32_t n, const int32_t *seqs,
             int32_t rows = take - cached;
             int32_t pos0 = v.n_committed - rows;
             done[i] += take;
-            fwd_push(e, &nf, seqs[i], i, pos0, rows, v.tokens + pos0, done[i] == lens[i] ? 1 : 0);
+            fwd_push(e, &nf, seqs[i], i, pos0, rows, v.tokens + pos0, done[i] == lens[i] ? 1 : 0,
+                     NB_FWD_SAMPLE_TARGET);
             budget -= rows;
         }
         if (nf == 0) break;
@@ -582,20 +570,13 @@ typedef struct draft_ctx {
 } draft_ctx;
 
 static void draft_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
-                          const int32_t *am) {
+                          const int32_t *sampled, int32_t n_acc) {
+    (void)logits;
+    (void)n_acc;
     draft_ctx *c = vctx;
     int32_t i = e->fwd_owner[k];
-    eseq *es = &e->seqs[c->seqs[i]];
-    int32_t pos_new = e->fwd[k].pos0 + 1;
-    int32_t d;
-    if (es->sp.temperature == 0.0f) {
-        d = am[0];
-    } else {
-        float *q = es->q_probs + (size_t)c->step * e->V;
-        d = nb_ref_probs(q, logits, e->V, &es->sp, e->work_v) == NB_OK
-                ? nb_ref_sample(q, e->V, nb_rng_uniform(es->sp.seed, (uint64_t)pos_new, 0))
-                : -1;
-    }
+    // The backend kept the draft distribution q in the sequence's slot for VERIFY.
+    int32_t d = sampled[0];
     if (d < 0) {
         c->st[i] = NB_ERR_NON_FINITE;
         return;
@@ -643,7 +624,8 @@ nb_status nb_engine_draft(nb_engine *e, int32_t n, const int32_t *seqs, int32_t 
             nb_bm_seq_view v;
             nb_bm_seq_view_get(e->bm, seqs[i], &v);
             int32_t pos = v.n_committed + v.n_drafted - 1;
-            fwd_push(e, &nf, seqs[i], i, pos, 1, v.tokens + pos, 1);
+            fwd_push(e, &nf, seqs[i], i, pos, 1, v.tokens + pos, 1, NB_FWD_SAMPLE_DRAFT)->draft_step =
+                step;
         }
         nb_status s = exec_work(e);
         if (s != NB_OK) return s;
@@ -686,35 +668,22 @@ typedef struct verify_ctx {
 } verify_ctx;
 
 static void verify_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
-                           const int32_t *am_rows) {
+                           const int32_t *sampled, int32_t n_acc) {
     verify_ctx *c = vctx;
     int32_t i = e->fwd_owner[k];
     int32_t seq = c->seqs[i];
     eseq *es = &e->seqs[seq];
-    const int32_t gamma = es->n_drafts, V = e->V, stride = e->p.max_gamma + 1;
+    const int32_t V = e->V, stride = e->p.max_gamma + 1;
     int32_t *out = c->out + (size_t)i * stride;
-    int acc = 0;
-    nb_status s = NB_OK;
-    if (es->sp.temperature == 0.0f) {
-        int32_t am[NB_ENGINE_MAX_GAMMA + 1];
-        for (int32_t r = 0; r <= gamma; r++) {
-            am[r] = am_rows[r];
-            if (am[r] < 0) s = NB_ERR_NON_FINITE;
-        }
-        if (s == NB_OK) nb_ref_spec_accept_greedy(gamma, es->drafts, am, out, &acc);
-    } else {
-        for (int32_t r = 0; r <= gamma && s == NB_OK; r++)
-            s = nb_ref_probs(e->probs + (size_t)r * V, logits + (size_t)r * V, V, &es->sp, e->work_v);
-        // counter0: the position of d1, the first draft (sampling.h).
-        if (s == NB_OK)
-            s = nb_ref_spec_accept(gamma, V, e->probs, es->q_probs, es->drafts, es->sp.seed,
-                                   (uint64_t)e->fwd[k].pos0 + 1, out, &acc, e->work_v);
-    }
-    if (s != NB_OK) {
+    // The backend accepted (counter0: the position of d1, sampling.h).
+    if (n_acc < 0) {
         // Keep the drafts pending: the scheduler may roll back.
-        c->st[i] = s == NB_ERR_STATE ? NB_ERR_NON_FINITE : s;
+        c->st[i] = NB_ERR_NON_FINITE;
         return;
     }
+    const int acc = n_acc;
+    memcpy(out, sampled, (size_t)(acc + 1) * sizeof(int32_t));
+    nb_status s;
     // next, d1..d_acc become committed; the correction/bonus is the new next.
     s = nb_bm_seq_accept(e->bm, seq, acc + 1, &e->work);
     NB_ASSERT(s == NB_OK);
@@ -753,7 +722,7 @@ nb_status nb_engine_verify(nb_engine *e, int32_t n, const int32_t *seqs, int32_t
         nb_bm_seq_view_get(e->bm, seqs[i], &v);
         NB_ASSERT(v.n_drafted == es->n_drafts + 1);
         fwd_push(e, &nf, seqs[i], i, v.n_committed, v.n_drafted, v.tokens + v.n_committed,
-                 v.n_drafted);
+                 v.n_drafted, NB_FWD_SAMPLE_VERIFY)->drafts = es->drafts;
     }
     nb_status s = exec_work(e);
     if (s != NB_OK) return s;
@@ -789,11 +758,12 @@ typedef struct decode_ctx {
 } decode_ctx;
 
 static void decode_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
-                           const int32_t *am) {
+                           const int32_t *sampled, int32_t n_acc) {
+    (void)n_acc;
     decode_ctx *c = vctx;
     int32_t i = e->fwd_owner[k];
     eseq *es = &e->seqs[c->seqs[i]];
-    int32_t t = sample_target(e, es, logits, am[0], e->fwd[k].pos0 + 1);
+    int32_t t = sampled[0];
     if (t < 0) {
         c->st[i] = NB_ERR_NON_FINITE;
         es->next_token = -1;
@@ -833,7 +803,8 @@ nb_status nb_engine_decode(nb_engine *e, int32_t n, const int32_t *seqs, int32_t
                                            NULL, &e->work);
             if (s != NB_OK) { st[i] = s; continue; }
             nb_bm_seq_view_get(e->bm, seqs[i], &v);
-            fwd_push(e, &nf, seqs[i], i, v.n_committed - 1, 1, v.tokens + v.n_committed - 1, 1);
+            fwd_push(e, &nf, seqs[i], i, v.n_committed - 1, 1, v.tokens + v.n_committed - 1, 1,
+                     NB_FWD_SAMPLE_TARGET);
         }
         nb_status s = exec_work(e);
         if (s != NB_OK) return s;
@@ -876,8 +847,9 @@ typedef struct score_ctx {
 } score_ctx;
 
 static void score_consume(nb_engine *e, void *vctx, int32_t k, const float *logits,
-                          const int32_t *am) {
-    (void)am;
+                          const int32_t *sampled, int32_t n_acc) {
+    (void)sampled;
+    (void)n_acc;
     score_ctx *c = vctx;
     const nb_fwd_seq *f = &e->fwd[k];
     if (c->logits)
@@ -914,7 +886,7 @@ nb_status nb_engine_score(nb_engine *e, int32_t seq, const int32_t *tokens, int3
         if (s != NB_OK) return s;
         nb_bm_seq_view_get(e->bm, seq, &v);
         int32_t nf = 0;
-        fwd_push(e, &nf, seq, 0, done, take, v.tokens + done, take);
+        fwd_push(e, &nf, seq, 0, done, take, v.tokens + done, take, NB_FWD_SAMPLE_NONE);
         s = run_forward(e, mode, nf, score_consume, &ctx, true);
         if (s != NB_OK) return s;
         NB_ASSERT(nb_bm_seq_flush(e->bm, seq, &e->work) == NB_OK);

@@ -60,6 +60,8 @@ typedef struct nb_engine_params {
                                    // the pools get what is left (kv_memory is ignored). 0: unset
     int device;                 // cuda: device ordinal
     bool cuda_graphs;           // cuda: CUDA graphs for step passes (default on)
+    bool host_sampling;         // cuda: sample on the host from downloaded logits (the
+                                // reference twin of the GPU sampler; tests). Default off
 } nb_engine_params;
 
 // Defaults: cpu, quantized cache, G=128, kv_memory 256 MiB, 16 sequences,

@@ -2,8 +2,9 @@
 // proxy-llama-31m (in-process, no socket): target-only decoding with the
 // unquantized bf16 cache (what a user runs without nibbler), target-only with
 // the INT8 cache, and self-speculative decoding (gamma 4), at batch 1 and 8
-// and several context lengths, with and without CUDA graphs. Prints a
-// markdown table of tokens/s (all sequences together) and ms per step.
+// and several context lengths, with and without CUDA graphs; then sampled
+// decoding with the GPU sampler and with host sampling. Prints markdown
+// tables of tokens/s (all sequences together) and ms per step.
 // Usage: bench_engine_cuda [N_NEW]   (needs ../shared or NB_SHARED_DIR)
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -31,7 +32,8 @@ typedef enum { RUN_FP16_TARGET, RUN_INT8_TARGET, RUN_SPEC } run_kind;
 // Tokens/s of one configuration: B sequences with ctx-token prompts (distinct
 // windows of the text), then n_new tokens each.
 static double run(const nb_model *m, const int32_t *text, int n_text, run_kind kind, bool graphs, int B,
-                  int ctx, int n_new, int gamma, double *acc, double *ms_step) {
+                  int ctx, int n_new, int gamma, const nb_sampling_params *sp, bool host_sampling,
+                  double *acc, double *ms_step) {
     nb_engine_params p = nb_engine_default_params();
     p.backend = "cuda";
     p.quantized_cache = kind != RUN_FP16_TARGET;
@@ -45,18 +47,20 @@ static double run(const nb_model *m, const int32_t *text, int n_text, run_kind k
     p.max_batch_rows = 1024;
     p.kv_memory = (size_t)2 << 30;
     p.cuda_graphs = graphs;
+    p.host_sampling = host_sampling;
     char err[256];
     nb_engine *e = nb_engine_new(m, &p, err, sizeof(err));
     if (!e) {
         fprintf(stderr, "engine: %s\n", err);
         exit(1);
     }
-    nb_sampling_params sp = {0};
     int32_t seqs[64], next[64], lens[64], n_out[64];
     const int32_t *pr[64];
     nb_status st[64];
     for (int i = 0; i < B; i++) {
-        CHECK(nb_engine_seq_add(e, &sp, &seqs[i]) == NB_OK);
+        nb_sampling_params spi = *sp;
+        spi.seed += (uint64_t)i;
+        CHECK(nb_engine_seq_add(e, &spi, &seqs[i]) == NB_OK);
         int off = (int)(((long)i * 997) % (n_text - ctx));
         pr[i] = text + off;
         lens[i] = ctx;
@@ -127,18 +131,36 @@ int main(int argc, char **argv) {
            "| spec / fp16 | acceptance | ms/step fp16 | ms/round spec |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
     int ctxs[3] = {512, 2048, 3584}, Bs[2] = {1, 8};
+    const nb_sampling_params greedy = {0};
     for (int g = 1; g >= 0; g--)
         for (int bi = 0; bi < 2; bi++)
             for (int ci = 0; ci < 3; ci++) {
                 double a0, a1, a2, ms0, ms1, ms2;
                 int ctx = ctxs[ci], B = Bs[bi], nn = ctx + n_new + 16 > 4096 ? 4096 - ctx - 16 : n_new;
-                double f = run(m, text, n_text, RUN_FP16_TARGET, g, B, ctx, nn, 4, &a0, &ms0);
-                double q = run(m, text, n_text, RUN_INT8_TARGET, g, B, ctx, nn, 4, &a1, &ms1);
-                double s = run(m, text, n_text, RUN_SPEC, g, B, ctx, nn, 4, &a2, &ms2);
+                double f = run(m, text, n_text, RUN_FP16_TARGET, g, B, ctx, nn, 4, &greedy, false, &a0, &ms0);
+                double q = run(m, text, n_text, RUN_INT8_TARGET, g, B, ctx, nn, 4, &greedy, false, &a1, &ms1);
+                double s = run(m, text, n_text, RUN_SPEC, g, B, ctx, nn, 4, &greedy, false, &a2, &ms2);
                 printf("| %s | %d | %d | %.0f | %.0f | %.0f | %.2fx | %.3f | %.3f | %.3f |\n", g ? "on" : "off",
                        B, ctx, f, q, s, s / f, a2, ms0, ms2);
                 fflush(stdout);
             }
+    // Sampling (temperature 0.8, top-p 0.95): tokens drawn and drafts
+    // accepted on the GPU, vs the same engine sampling on the host from
+    // downloaded logits (the reference twin); graphs on, context 2048.
+    const nb_sampling_params samp = {0.8f, 0, 0.95f, 1234};
+    printf("\n| sampling T=0.8 top-p 0.95 | batch | INT8-cache target tok/s | spec g4 tok/s | spec / "
+           "target | acceptance | ms/step target | ms/round spec |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int host = 0; host <= 1; host++)
+        for (int bi = 0; bi < 2; bi++) {
+            double a1, a2, ms1, ms2;
+            int B = Bs[bi];
+            double q = run(m, text, n_text, RUN_INT8_TARGET, true, B, 2048, n_new, 4, &samp, host, &a1, &ms1);
+            double s = run(m, text, n_text, RUN_SPEC, true, B, 2048, n_new, 4, &samp, host, &a2, &ms2);
+            printf("| %s | %d | %.0f | %.0f | %.2fx | %.3f | %.3f | %.3f |\n",
+                   host ? "host (logits downloaded)" : "GPU", B, q, s, s / q, a2, ms1, ms2);
+            fflush(stdout);
+        }
     nb_model_free(&m);
     return nb_test_finish("bench_engine_cuda");
 }
