@@ -623,6 +623,15 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
 // the sums (l, the V zero term) stay per lane and are reduced once at the
 // end. The 4 warps of a CTA split the chunk's slices and merge through
 // shared memory; chunks write partials for pa_merge_kernel as before.
+// Quantized blocks cost few instructions per byte (the kernel is issue-bound
+// otherwise): scores are integer dot products (dp4a) of the code bytes with
+// q*S_c quantized per block into two int8 parts (hi on max|q*S_c|/127, lo
+// on a 254x finer step: ~15 bits, exact integer sums, one scale each); the
+// draft's P.V converts a nibble to 1 + U/128 in one byte permute and removes
+// the 1 through the sum of the weights at the end; V words are loaded with
+// K, so a slice waits for memory once. The draft instance is held to 128
+// registers (4 CTAs per SM), which measured faster than 167 at 3.
+
 constexpr int DNW = 4;            // warps per decode CTA
 constexpr int DNT = DNW * 32;
 constexpr int DEC_MMAX = 8;       // query vectors per kv head the decode kernel takes
@@ -693,6 +702,38 @@ __device__ __forceinline__ void dot8(float (&s)[M], const float *q, int c0, cons
     }
 }
 
+// c += dot of 4 unsigned code bytes of a with 4 signed bytes of b.
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Code bytes of one 4-byte word of the planes: e = channels 8w+0,2,4,6 and
+// o = channels 8w+1,3,5,7, one code per byte (draft: U; target: 16U + L, the
+// -8 of C8 applied by the caller).
+template <bool TGT> __device__ __forceinline__ void code_bytes(uint32_t up, uint32_t lo, uint32_t &e, uint32_t &o) {
+    if (TGT) {
+        e = ((up & 0x0F0F0F0Fu) << 4) | (lo & 0x0F0F0F0Fu);
+        o = (up & 0xF0F0F0F0u) | ((lo >> 4) & 0x0F0F0F0Fu);
+    } else {
+        e = up & 0x0F0F0F0Fu;
+        o = (up >> 4) & 0x0F0F0F0Fu;
+    }
+}
+
+// 8 draft channels as 1 + U/128 (exact): the nibble becomes mantissa bits
+// 16-19 of 1.0f in one byte permute per value, no add. Callers subtract the
+// 1 through the sum of the weights (see pa_decode_kernel's P.V).
+__device__ __forceinline__ void draft8_p1(uint32_t up, float v[8]) {
+    const uint32_t e = (up & 0x0F0F0F0Fu) | 0x80808080u, o = ((up >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        v[2 * b] = __uint_as_float(__byte_perm(e, 0x3F000000u, 0x7044u | (b << 8)));
+        v[2 * b + 1] = __uint_as_float(__byte_perm(o, 0x3F000000u, 0x7044u | (b << 8)));
+    }
+}
+
 // M weights of one token from the warp's row (16-byte reads when M % 4 == 0).
 template <int M> __device__ __forceinline__ void ld_w(float (&w)[M], const float *p) {
     if constexpr (M % 4 == 0) {
@@ -715,7 +756,7 @@ template <int M> __device__ __forceinline__ void ld_w(float (&w)[M], const float
 
 template <int D, int M> struct dec_smem {
     static constexpr int q = 0;                        // [M][D] q * scale * log2e
-    static constexpr int qx = q + M * D * 4;           // [DNW][M][D] q * S_c of the warp's block
+    static constexpr int qx = q + M * D * 4;           // [DNW][M][D/8][4] int8 words of q * S_c (warp's block)
     static constexpr int w = qx + DNW * M * D * 4;     // [DNW][32][M] weights of the warp's slice
     static constexpr int mo = w + DNW * 32 * M * 4;    // [DNW][M][D] warp partial outputs
     static constexpr int ml = mo + DNW * M * D * 4;    // [DNW][M][2] warp (max, sum)
@@ -777,7 +818,7 @@ __device__ __forceinline__ void dec_empty_chunk(const pa_kp &P, int seq, int chu
 }
 
 template <int D, typename T, int MODE, int M>
-__global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
+__global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) pa_decode_kernel(const pa_kp P) {
     constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     constexpr bool TGT = MODE == NB_PA_TARGET;
     constexpr int RB = D / 2;          // plane bytes per token row
@@ -788,7 +829,10 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     extern __shared__ __align__(16) uint8_t smem[];
     float *qs = (float *)(smem + SM::q);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float *qx = (float *)(smem + SM::qx) + warp * M * D;
+    // q * S_c of the warp's current quantized block as two int8 parts,
+    // q*S_c ~= qsh*H + qsl*L: word (m, w) = {H even, H odd, L even, L odd}
+    // channels of 8w..8w+7, in the byte order of code_bytes.
+    uint4 *qx = (uint4 *)(smem + SM::qx) + warp * M * (D / 8);
     float *wsm = (float *)(smem + SM::w) + warp * 32 * M;
     const int ts = lane / LPT, cp = lane % LPT;
 
@@ -828,9 +872,16 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[m][j] = 0.0f;
     }
-    float qz[M];
+    float qz[M], qsh[M], qsl[M]; // zero term and int8-pair steps of the current block
+    int qbh[M], qbl[M];          // target: -8 * sum of each part
 #pragma unroll
-    for (int m = 0; m < M; m++) qz[m] = 0.0f;
+    for (int m = 0; m < M; m++) {
+        qz[m] = qsh[m] = qsl[m] = 0.0f;
+        qbh[m] = qbl[m] = 0;
+    }
+    float wsum[M]; // draft P.V: sum of the weights each lane applied (the 1 of 1 + U/128)
+#pragma unroll
+    for (int m = 0; m < M; m++) wsum[m] = 0.0f;
 
     const int spu = G / 32; // slices per unit (G % 32 == 0 on this path)
     // Row-invariant: the warp's slices are a fixed share of the chunk's
@@ -871,25 +922,58 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
                 rmask = (pq && j == 0) ? 2 : 0;
             }
             ntok = min(G, pos_end - upos);
-            if (QUANT && !ufp && ntok > 0) { // fold K's per-channel step into q
+            if (QUANT && !ufp && ntok > 0) { // fold K's per-channel step into q, as int8 pairs
                 const T *ks = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_SCALE);
                 const T *kz = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_ZERO);
                 __syncwarp();
+                float xv[M][D / 32], amax[M];
 #pragma unroll
-                for (int m = 0; m < M; m++) qz[m] = 0.0f;
+                for (int m = 0; m < M; m++) qz[m] = amax[m] = 0.0f;
 #pragma unroll
-                for (int c = lane; c < D; c += 32) {
+                for (int i = 0; i < D / 32; i++) {
+                    const int c = lane + 32 * i;
                     float st = ldf<T>(ks + c);
                     if (TGT) st *= 0.0625f;
                     const float zc = ldf<T>(kz + c);
 #pragma unroll
                     for (int m = 0; m < M; m++) {
-                        qx[m * D + c] = qs[m * D + c] * st;
+                        xv[m][i] = qs[m * D + c] * st;
+                        amax[m] = fmaxf(amax[m], fabsf(xv[m][i]));
                         qz[m] = fmaf(qs[m * D + c], zc, qz[m]);
                     }
                 }
+                int8_t *qb = (int8_t *)qx;
 #pragma unroll
-                for (int m = 0; m < M; m++) qz[m] = warp_sum(qz[m]);
+                for (int m = 0; m < M; m++) {
+                    qz[m] = warp_sum(qz[m]);
+                    amax[m] = warp_max(amax[m]);
+                    // H in [-127, 127] on a step of amax/127, then the
+                    // residual (|r| <= step/2) on a step 254 times finer.
+                    qsh[m] = amax[m] * (1.0f / 127.0f);
+                    qsl[m] = qsh[m] * (1.0f / 254.0f);
+                    const float ih = amax[m] > 0.0f ? 127.0f / amax[m] : 0.0f, il = ih * 254.0f;
+                    int sh = 0, sl = 0;
+#pragma unroll
+                    for (int i = 0; i < D / 32; i++) {
+                        const int c = lane + 32 * i;
+                        const float h = fminf(fmaxf(rintf(xv[m][i] * ih), -127.0f), 127.0f);
+                        const float l = fminf(fmaxf(rintf(fmaf(-h, qsh[m], xv[m][i]) * il), -127.0f), 127.0f);
+                        const int off = (m * (D / 8) + (c >> 3)) * 16 + (c & 1) * 4 + ((c & 7) >> 1);
+                        qb[off] = (int8_t)h;
+                        qb[off + 8] = (int8_t)l;
+                        sh += (int)h;
+                        sl += (int)l;
+                    }
+                    if (TGT) { // the -8 of C8 = 16U + L - 8, exactly, on the quantized q
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1) {
+                            sh += __shfl_xor_sync(0xffffffffu, sh, o);
+                            sl += __shfl_xor_sync(0xffffffffu, sl, o);
+                        }
+                        qbh[m] = -8 * sh;
+                        qbl[m] = -8 * sl;
+                    }
+                }
                 __syncwarp();
             }
         }
@@ -903,7 +987,21 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
 #pragma unroll
         for (int m = 0; m < M; m++) sc[m] = sd[m] = 0.0f;
         float vstep = 1.0f, vzero = 0.0f;
+        // V words of this slice for P.V, loaded with K so that one memory
+        // latency, not two, separates a slice's loads from its math.
+        uint32_t vu[QUANT ? NSTEP : 1], vl[TGT ? NSTEP : 1];
         if (QUANT && !ufp) {
+            {
+                const uint8_t *vrow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4;
+                const uint8_t *vlrow =
+                    TGT ? P.lower + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4 : nullptr;
+#pragma unroll
+                for (int s = 0; s < NSTEP; s++) {
+                    const int tok = s * TPS + ts;
+                    vu[s] = tok < tl ? ldg4(vrow + tok * RB) : 0u;
+                    if (TGT) vl[s] = tok < tl ? ldg4(vlrow + tok * RB) : 0u;
+                }
+            }
             const uint8_t *krow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 0, t0 + lane);
             uint4 ku[RB / 16], kl[TGT ? RB / 16 : 1];
             if (tv) {
@@ -925,6 +1023,14 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
 #pragma unroll
                 for (int i = 0; i < (TGT ? RB / 16 : 1); i++) kl[i] = make_uint4(0, 0, 0, 0);
             }
+            // Integer dot products of the code bytes with the int8 parts of
+            // q*S_c: exact sums, scaled once.
+            int ah[M], al[M];
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                ah[m] = TGT ? qbh[m] : 0;
+                al[m] = TGT ? qbl[m] : 0;
+            }
 #pragma unroll
             for (int i = 0; i < RB / 16; i++) {
                 const uint32_t uw[4] = {ku[i].x, ku[i].y, ku[i].z, ku[i].w};
@@ -932,15 +1038,20 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
                                         kl[TGT ? i : 0].w};
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
-                    float kv[8];
-                    if (TGT) target8(uw[w], lw[w], kv);
-                    else draft8(uw[w], kv);
-                    if (w & 1) dot8<M, D>(sd, qx, i * 32 + w * 8, kv);
-                    else dot8<M, D>(sc, qx, i * 32 + w * 8, kv);
+                    uint32_t e, o;
+                    code_bytes<TGT>(uw[w], lw[w], e, o);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        const uint4 qq = qx[m * (D / 8) + i * 4 + w];
+                        ah[m] = dp4a_us(e, qq.x, ah[m]);
+                        ah[m] = dp4a_us(o, qq.y, ah[m]);
+                        al[m] = dp4a_us(e, qq.z, al[m]);
+                        al[m] = dp4a_us(o, qq.w, al[m]);
+                    }
                 }
             }
 #pragma unroll
-            for (int m = 0; m < M; m++) sc[m] += sd[m] + qz[m];
+            for (int m = 0; m < M; m++) sc[m] = fmaf(qsh[m], (float)ah[m], fmaf(qsl[m], (float)al[m], qz[m]));
         } else {
             const uint8_t *krow = P.fp + nb_kv_fp_offset(&lay, P.layer, blk, kvh, 0, t0 + lane) * es;
             uint4 kf[D / 8];
@@ -973,6 +1084,7 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
             mrun[m] = mnew;
             lsum[m] = fmaf(lsum[m], alpha, w);
             if (QUANT) zsum[m] = fmaf(zsum[m], alpha, w * vzero);
+            if (QUANT && !TGT) wsum[m] *= alpha;
             wsm[lane * M + m] = w * vstep;
 #pragma unroll
             for (int j = 0; j < 8; j++) acc[m][j] *= alpha;
@@ -981,27 +1093,18 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
 
         // ---- P.V: lane = (token ts of each step, channel word cp) ----
         if (QUANT && !ufp) {
-            const uint8_t *vrow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4;
-            const uint8_t *lrow = TGT ? P.lower + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4
-                                      : nullptr;
-            uint32_t vu[NSTEP], vl[TGT ? NSTEP : 1];
-#pragma unroll
-            for (int s = 0; s < NSTEP; s++) {
-                const int tok = s * TPS + ts;
-                vu[s] = tok < tl ? ldg4(vrow + tok * RB) : 0u;
-                if (TGT) vl[s] = tok < tl ? ldg4(lrow + tok * RB) : 0u;
-            }
 #pragma unroll
             for (int s = 0; s < NSTEP; s++) {
                 const int tok = s * TPS + ts;
                 if (tok < tl) {
                     float v[8];
                     if (TGT) target8(vu[s], vl[TGT ? s : 0], v);
-                    else draft8(vu[s], v);
+                    else draft8_p1(vu[s], v); // 1 + U/128
                     float wv[M];
                     ld_w<M>(wv, wsm + tok * M);
 #pragma unroll
                     for (int m = 0; m < M; m++) {
+                        if (!TGT) wsum[m] += wv[m];
 #pragma unroll
                         for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
                     }
@@ -1023,6 +1126,9 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
                     fpw8<T>(vf[s], v);
                     float wv[M];
                     ld_w<M>(wv, wsm + tok * M);
+                    if (QUANT && !TGT) // on the scale of the draft's 1 + U/128 (see the end)
+#pragma unroll
+                        for (int m = 0; m < M; m++) wv[m] *= 0.0078125f;
 #pragma unroll
                     for (int m = 0; m < M; m++) {
 #pragma unroll
@@ -1038,6 +1144,12 @@ __global__ void __launch_bounds__(DNT) pa_decode_kernel(const pa_kp P) {
     // ---- warp reduction, then the CTA's warps merge ----
     float *mo = (float *)(smem + SM::mo);
     float *mlp = (float *)(smem + SM::ml);
+    if (QUANT && !TGT) { // draft: acc = sum w*(1 + U/128) (quantized) + sum w*v/128 (FP)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[m][j] = 128.0f * (acc[m][j] - wsum[m]);
+    }
 #pragma unroll
     for (int m = 0; m < M; m++) {
 #pragma unroll
@@ -1099,8 +1211,9 @@ template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
         } else {
             const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
             const long base = (long)a->n_seqs * a->lay.n_kv_heads;
+            // NOTE: rounded down: one CTA over two full waves costs a third.
             const long target = 2L * dev_sms * occ;
-            long chunks = (target + base - 1) / base;
+            long chunks = target / base;
             if (chunks > units_max) chunks = units_max;
             if (chunks > a->max_chunks) chunks = a->max_chunks;
             if (chunks < 1) chunks = 1;
