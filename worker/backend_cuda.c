@@ -793,15 +793,9 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     if (st != NB_OK) return st;
     bool any_sample = false;
     for (int s = 0; s < b->n_seqs; s++) any_sample |= b->seqs[s].sample != NB_FWD_SAMPLE_NONE;
+    // NOTE: with max_gamma 0 (no draft slots) the check above refuses
+    // drafts and verifies of more than the bonus row.
     const bool hot = nb_fwd_sample_needs_probs(b);
-    if (hot && be->max_gamma == 0 && !be->cfg.host_sampling) {
-        // NOTE: only reachable with a hand-built config (the engine sets max_gamma).
-        for (int s = 0; s < b->n_seqs; s++)
-            if (samples_hot(&b->seqs[s]) && b->seqs[s].sample != NB_FWD_SAMPLE_TARGET) {
-                nb_set_err(err, err_len, "forward: sampled drafting without draft slots");
-                return NB_ERR_INVALID_ARG;
-            }
-    }
     const bool step = be->step_ok && max_rows <= NB_CUDA_STEP_ROWS;
     const int per = step ? be->entry_rows : max_rows;
 

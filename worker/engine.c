@@ -40,7 +40,6 @@ struct nb_engine {
     int32_t V;
     int32_t max_logit_rows;
     float *logits;       // [max_logit_rows][V]
-    int32_t *argmax;     // [max_logit_rows] greedy token of each logit row (from the backend)
     int32_t *sampled;    // [max_logit_rows] tokens the backend sampled (nb_fwd_batch.sampled)
     int32_t *n_acc;      // [max_seqs] verify results (nb_fwd_batch.n_accepted)
     nb_fwd_seq *fwd;     // [max_seqs]
@@ -263,14 +262,13 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     e->work.cap = wcap;
     e->seqs = calloc((size_t)p.max_seqs, sizeof(eseq));
     e->logits = malloc((size_t)e->max_logit_rows * e->V * sizeof(float));
-    e->argmax = malloc((size_t)e->max_logit_rows * sizeof(int32_t));
     e->sampled = malloc((size_t)e->max_logit_rows * sizeof(int32_t));
     e->n_acc = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->fwd = calloc((size_t)p.max_seqs, sizeof(nb_fwd_seq));
     e->fwd_owner = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->fwd_slot = calloc((size_t)p.max_seqs, sizeof(int32_t));
     e->cur = calloc((size_t)p.max_seqs, sizeof(int32_t));
-    if (!e->work.items || !e->seqs || !e->logits || !e->argmax || !e->sampled || !e->n_acc || !e->fwd ||
+    if (!e->work.items || !e->seqs || !e->logits || !e->sampled || !e->n_acc || !e->fwd ||
         !e->fwd_owner || !e->fwd_slot || !e->cur) {
         nb_set_err(err, err_len, "engine: out of host memory");
         goto out_free;
@@ -290,7 +288,6 @@ void nb_engine_destroy(nb_engine **e_p) {
     free(e->work.items);
     free(e->seqs);
     free(e->logits);
-    free(e->argmax);
     free(e->sampled);
     free(e->n_acc);
     free(e->fwd);
