@@ -532,11 +532,7 @@ extern "C" nb_status nb_cuda_argmax(int32_t *out, const float *x, int n, int V,
 extern "C" nb_status nb_cuda_probs(float *probs, const float *logits, int n, int V,
                                    const nb_sampling_params *sp, int32_t *status,
                                    cudaStream_t stream) {
-    if (n < 0 || V < 1) return NB_ERR_INVALID_ARG;
-    if (n == 0) return NB_OK;
-    if (!probs || !logits || !sp || !status) return NB_ERR_INVALID_ARG;
-    probs_kernel<<<(unsigned)n, kPT, 0, stream>>>(probs, nullptr, logits, nullptr, V, sp, status);
-    return launch_status();
+    return nb_cuda_probs_rows(probs, nullptr, logits, nullptr, n, V, sp, status, stream);
 }
 
 extern "C" nb_status nb_cuda_probs_rows(float *probs, const int32_t *out_rows,
@@ -553,12 +549,7 @@ extern "C" nb_status nb_cuda_probs_rows(float *probs, const int32_t *out_rows,
 extern "C" nb_status nb_cuda_sample(int32_t *out, const float *probs, int n, int V,
                                     const uint64_t *seed, const uint64_t *counter,
                                     uint32_t rng_stream, cudaStream_t stream) {
-    if (n < 0 || V < 1) return NB_ERR_INVALID_ARG;
-    if (n == 0) return NB_OK;
-    if (!out || !probs || !seed || !counter) return NB_ERR_INVALID_ARG;
-    sample_kernel<<<(unsigned)n, kPT, 0, stream>>>(out, probs, nullptr, V, seed, counter,
-                                                   rng_stream);
-    return launch_status();
+    return nb_cuda_sample_rows(out, probs, nullptr, n, V, seed, counter, rng_stream, stream);
 }
 
 extern "C" nb_status nb_cuda_sample_rows(int32_t *out, const float *probs, const int32_t *rows,
@@ -591,14 +582,8 @@ extern "C" nb_status nb_cuda_spec_accept(int n, int gamma_max, int V, const int3
                                          const uint64_t *seed, const uint64_t *counter0,
                                          int32_t *out_tokens, int32_t *n_accepted,
                                          cudaStream_t stream) {
-    if (n < 0 || gamma_max < 0 || V < 1) return NB_ERR_INVALID_ARG;
-    if (n == 0) return NB_OK;
-    if (!p || (gamma_max > 0 && (!q || !draft)) || !seed || !counter0 || !out_tokens ||
-        !n_accepted)
-        return NB_ERR_INVALID_ARG;
-    accept_kernel<<<(unsigned)n, kPT, 0, stream>>>(gamma_max, V, gamma, p, nullptr, q, nullptr,
-                                                   draft, seed, counter0, out_tokens, n_accepted);
-    return launch_status();
+    return nb_cuda_spec_accept_rows(n, gamma_max, V, gamma, p, nullptr, q, nullptr, draft, seed,
+                                    counter0, out_tokens, n_accepted, stream);
 }
 
 extern "C" nb_status nb_cuda_spec_accept_rows(int n, int gamma_max, int V, const int32_t *gamma,
@@ -609,7 +594,7 @@ extern "C" nb_status nb_cuda_spec_accept_rows(int n, int gamma_max, int V, const
                                               int32_t *n_accepted, cudaStream_t stream) {
     if (n < 0 || gamma_max < 0 || V < 1) return NB_ERR_INVALID_ARG;
     if (n == 0) return NB_OK;
-    if (!p || !p_row0 || (gamma_max > 0 && (!q || !q_row0 || !draft)) || !seed || !counter0 ||
+    if (!p || (gamma_max > 0 && (!q || !draft)) || !seed || !counter0 ||
         !out_tokens || !n_accepted)
         return NB_ERR_INVALID_ARG;
     accept_kernel<<<(unsigned)n, kPT, 0, stream>>>(gamma_max, V, gamma, p, p_row0, q, q_row0,

@@ -134,11 +134,12 @@ nb_status nb_cuda_spec_accept(int n, int gamma_max, int V, const int32_t *gamma 
 
 // nb_cuda_spec_accept with each sequence's rows gathered: sequence s reads
 // its gamma[s] + 1 target rows from p + p_row0[s]*V on and its draft rows
-// from q + q_row0[s]*V on; draft, out_tokens and the other arrays keep the
-// strides of nb_cuda_spec_accept. Same results per sequence.
+// from q + q_row0[s]*V on (a NULL map: the strides of nb_cuda_spec_accept);
+// draft, out_tokens and the other arrays keep those strides. Same results
+// per sequence.
 nb_status nb_cuda_spec_accept_rows(int n, int gamma_max, int V, const int32_t *gamma /*[n] or NULL*/,
-                                   const float *p /*[*][V]*/, const int32_t *p_row0 /*[n]*/,
-                                   const float *q /*[*][V]*/, const int32_t *q_row0 /*[n]*/,
+                                   const float *p /*[*][V]*/, const int32_t *p_row0 /*[n] or NULL*/,
+                                   const float *q /*[*][V]*/, const int32_t *q_row0 /*[n] or NULL*/,
                                    const int32_t *draft /*[n][gamma_max]*/,
                                    const uint64_t *seed /*[n]*/, const uint64_t *counter0 /*[n]*/,
                                    int32_t *out_tokens /*[n][gamma_max+1]*/,

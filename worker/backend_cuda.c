@@ -649,10 +649,6 @@ static nb_status run_graph(cuda_backend *be, pass *ps, char *err, size_t err_len
 // accepted; one metadata upload before, one result download after. Rows j:
 // target rows, then verify rows (both in place), then draft rows.
 
-static bool samples_hot(const nb_fwd_seq *fs) {
-    return fs->sample != NB_FWD_SAMPLE_NONE && fs->n_logits > 0 && fs->sp->temperature != 0.0f;
-}
-
 static nb_status sample_enqueue(cuda_backend *be, const nb_fwd_batch *b, char *err, size_t err_len) {
     const int V = be->mc->vocab_size, MG = be->max_gamma;
     const samp_off so = be->so;
@@ -666,7 +662,7 @@ static nb_status sample_enqueue(cuda_backend *be, const nb_fwd_batch *b, char *e
     int nT = 0, nVr = 0, nD = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const nb_fwd_seq *fs = &b->seqs[s];
-        if (!samples_hot(fs)) continue;
+        if (!nb_fwd_seq_needs_probs(fs)) continue;
         if (fs->sample == NB_FWD_SAMPLE_TARGET) nT += fs->n_logits;
         else if (fs->sample == NB_FWD_SAMPLE_VERIFY) nVr += fs->n_logits;
         else nD += fs->n_logits;
@@ -674,7 +670,7 @@ static nb_status sample_enqueue(cuda_backend *be, const nb_fwd_batch *b, char *e
     int jT = 0, jV = nT, jD = nT + nVr, v = 0, lr = 0;
     for (int s = 0; s < b->n_seqs; lr += b->seqs[s].n_logits, s++) {
         const nb_fwd_seq *fs = &b->seqs[s];
-        if (!samples_hot(fs)) continue;
+        if (!nb_fwd_seq_needs_probs(fs)) continue;
         const int32_t pos_l0 = fs->pos0 + fs->n_rows - fs->n_logits;
         int *j = fs->sample == NB_FWD_SAMPLE_TARGET ? &jT : fs->sample == NB_FWD_SAMPLE_VERIFY ? &jV : &jD;
         be->samp_j[s] = *j;
@@ -739,7 +735,7 @@ static void sample_collect(cuda_backend *be, const nb_fwd_batch *b) {
     int lr = 0;
     for (int s = 0; s < b->n_seqs; lr += b->seqs[s].n_logits, s++) {
         const nb_fwd_seq *fs = &b->seqs[s];
-        if (!samples_hot(fs)) continue;
+        if (!nb_fwd_seq_needs_probs(fs)) continue;
         const int j0 = be->samp_j[s];
         if (fs->sample != NB_FWD_SAMPLE_VERIFY) {
             for (int r = 0; r < fs->n_logits; r++)

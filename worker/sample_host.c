@@ -46,9 +46,7 @@ nb_status nb_fwd_sample_check(const nb_fwd_batch *b, int32_t V, int32_t n_slots,
 
 bool nb_fwd_sample_needs_probs(const nb_fwd_batch *b) {
     for (int32_t s = 0; s < b->n_seqs; s++)
-        if (b->seqs[s].sample != NB_FWD_SAMPLE_NONE && b->seqs[s].n_logits > 0 &&
-            b->seqs[s].sp->temperature != 0.0f)
-            return true;
+        if (nb_fwd_seq_needs_probs(&b->seqs[s])) return true;
     return false;
 }
 

@@ -18,8 +18,13 @@
 nb_status nb_fwd_sample_check(const nb_fwd_batch *b, int32_t V, int32_t n_slots,
                               int32_t max_gamma, char *err, size_t err_len);
 
-// True when some sequence of b samples with temperature > 0 (needs the
-// logits, not only the argmax).
+// True when fs samples with temperature > 0 (needs its logits' distributions,
+// not only the argmax); fs passed nb_fwd_sample_check.
+static inline bool nb_fwd_seq_needs_probs(const nb_fwd_seq *fs) {
+    return fs->sample != NB_FWD_SAMPLE_NONE && fs->n_logits > 0 && fs->sp->temperature != 0.0f;
+}
+
+// True when some sequence of b does.
 bool nb_fwd_sample_needs_probs(const nb_fwd_batch *b);
 
 typedef struct nb_host_sampler {
