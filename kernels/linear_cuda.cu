@@ -701,6 +701,7 @@ __global__ void bias_add_kernel(void *out, int out_dt, const void *bias, int bia
 
 int g_pdl = -1;  // -1: NB_WQ_PDL from the environment (default on); 0/1: set
 int g_gemv = -1; // -1: NB_WQ_GEMV from the environment (default on); 0/1: set
+int g_gemv_bps = 0; // decode-kernel blocks per SM; 0: the built-in choice (all that fit)
 
 bool gemv_on() {
     if (g_gemv < 0) {
@@ -726,19 +727,23 @@ template <bool LOWER> struct GvStages {
     static constexpr int kValue = LOWER ? 4 : 8;
 };
 
-// Resident blocks of one decode-kernel instantiation on the current device,
-// for the dynamic shared memory of a size class (the group sums' area grows
-// with k; classes are powers of two of groups per warp, 4 to 256), computed
-// once per device and class. Returns 0 and sets *err on a CUDA error.
+// Resident blocks per SM of one decode-kernel instantiation on the current
+// device, for the dynamic shared memory of a size class (the group sums'
+// area grows with k; classes are powers of two of groups per warp, 4 to
+// 256), and the SM count; computed once per device and class. Returns 0 and
+// sets *err on a CUDA error.
 template <typename XT, bool LOWER>
-int gemv_resident(int cls, size_t smem, cudaError_t *err) {
+int gemv_per_sm(int cls, size_t smem, int *sms_out, cudaError_t *err) {
     constexpr int kMaxDev = 64, kClasses = 7;
-    static int cached[kMaxDev][kClasses];
+    static int cached[kMaxDev][kClasses], cached_sms[kMaxDev];
     int dev = 0;
     *err = cudaGetDevice(&dev);
     if (*err != cudaSuccess) return 0;
     const bool slot = dev >= 0 && dev < kMaxDev && cls >= 0 && cls < kClasses;
-    if (slot && cached[dev][cls] > 0) return cached[dev][cls];
+    if (slot && cached[dev][cls] > 0) {
+        *sms_out = cached_sms[dev];
+        return cached[dev][cls];
+    }
     constexpr int ST = GvStages<LOWER>::kValue;
     const void *fn = reinterpret_cast<const void *>(wq_gemv_kernel<XT, LOWER, ST>);
     // NOTE: the limit is raised to the largest class's size, never to this
@@ -752,9 +757,14 @@ int gemv_resident(int cls, size_t smem, cudaError_t *err) {
         *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem);
     if (*err == cudaSuccess) *err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (*err != cudaSuccess) return 0;
-    const int r = per_sm * sms > 0 ? per_sm * sms : 1;
-    if (slot) cached[dev][cls] = r;
-    return r;
+    if (per_sm < 1) per_sm = 1;
+    if (sms < 1) sms = 1;
+    if (slot) {
+        cached[dev][cls] = per_sm;
+        cached_sms[dev] = sms;
+    }
+    *sms_out = sms;
+    return per_sm;
 }
 
 template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
@@ -767,8 +777,16 @@ template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cu
     }
     const size_t smem = gv_smem_bytes<LOWER, ST>(cw_max);
     cudaError_t err;
-    const int resident = gemv_resident<XT, LOWER>(cls, smem, &err);
+    int sms = 1;
+    const int per_sm = gemv_per_sm<XT, LOWER>(cls, smem, &sms, &err);
     if (err != cudaSuccess) return err;
+    // NOTE: every resident slot (2 blocks per SM). One per SM leaves the
+    // other for the next launch's blocks to start their weight stream early
+    // under PDL, but each block then walks twice the tiles with half the
+    // warps; it measured slower (4096x4096 4-bit 8.3 vs 6.7 us, 4096x14336
+    // 24.1 vs 17.6 us; docs/benchmarks.md, session 11).
+    const int bps = g_gemv_bps > 0 && g_gemv_bps < per_sm ? g_gemv_bps : per_sm;
+    const int resident = bps * sms;
     const int ntiles = (p.m + 15) / 16;
     const int per_block = (ntiles + resident - 1) / resident;
     cudaLaunchConfig_t cfg = {};
@@ -831,6 +849,8 @@ extern "C" void nb_cuda_matmul_wq_set_tile_rows(int rows) {
 extern "C" void nb_cuda_matmul_wq_set_pdl(int on) { g_pdl = on < 0 ? -1 : on != 0; }
 
 extern "C" void nb_cuda_matmul_wq_set_decode_kernel(int on) { g_gemv = on < 0 ? -1 : on != 0; }
+
+extern "C" void nb_cuda_matmul_wq_set_blocks_per_sm(int bps) { g_gemv_bps = bps > 0 ? bps : 0; }
 
 extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x, nb_dtype x_dt,
                                        const nb_wq_tensor *w, int use_lower, const void *bias,

@@ -92,6 +92,11 @@ void nb_cuda_matmul_wq_set_pdl(int on);
 // -1 goes back to the environment. For benchmarks and tests; not thread safe.
 void nb_cuda_matmul_wq_set_decode_kernel(int on);
 
+// Blocks per SM the decode kernel's grid is sized for (at most what fits;
+// <= 0: the built-in choice, all that fit). Same bits either way. For
+// benchmarks and tests; not thread safe.
+void nb_cuda_matmul_wq_set_blocks_per_sm(int bps);
+
 // out[j][t] = the chosen view of W (as nb_wq_dequantize: U*s + z, or
 // C8*(s/16) + z, in f32) rounded to dt (f16 or bf16), for the prefill path.
 // Returns NB_OK, NB_ERR_INVALID_ARG, NB_ERR_BACKEND.

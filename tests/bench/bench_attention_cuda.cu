@@ -12,7 +12,9 @@
 // MEASURED in the same run by a device-to-device cudaMemcpy (read + write).
 // Prints a markdown table (compare_attention.py joins it with the SDPA one).
 //
-// usage: bench_attention_cuda [--quick] [--iters N]
+// usage: bench_attention_cuda [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]
+//   --only / --mode run one configuration / one kernel row (0..6, the order
+//   of mode_names below), e.g. to profile it (tests/gpu/profile).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -71,10 +73,20 @@ static float median(std::vector<float> v) {
 }
 
 int main(int argc, char **argv) {
-    int iters = 20, quick = 0;
+    int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1;
+    const char *only_model = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) only_mode = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
+            only_model = argv[++i];
+            only_b = atoi(argv[++i]);
+            only_ctx = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]\n", argv[0]);
+            return 2;
+        }
     }
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -180,6 +192,10 @@ int main(int argc, char **argv) {
         for (int bi = 0; bi < 2; bi++)
             for (int ci = 0; ci < n_ctx; ci++)
                 for (int md = 0; md < 7; md++) {
+                    if (only_model && (strcmp(only_model, models[mi].name) || only_b != batches[bi] ||
+                                       only_ctx != ctxs_all[ci]))
+                        continue;
+                    if (only_mode >= 0 && md != only_mode) continue;
                     if (tc_env[md]) setenv("NB_PA_TC", tc_env[md], 1);
                     else unsetenv("NB_PA_TC");
                     const int B = batches[bi], ctx = ctxs_all[ci], hkv = models[mi].hkv;

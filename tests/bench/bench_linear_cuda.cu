@@ -268,7 +268,7 @@ int main(int argc, char **argv) {
                          names[si], n, path_names[path], us[path], wbytes / 1e6, gbps,
                          100.0 * gbps / peak, us[2] / us[path]);
                 if (path < 2) {
-                    double t16 = 0, t32 = 0, tnp;
+                    double t16 = 0, t32 = 0, tnp, t1sm = 0;
                     // The tile kernel; n <= 8 runs the decode kernel unless told not to.
                     nb_cuda_matmul_wq_set_decode_kernel(0);
                     if (n > 8) nb_cuda_matmul_wq_set_tile_rows(16);
@@ -282,13 +282,19 @@ int main(int argc, char **argv) {
                     nb_cuda_matmul_wq_set_pdl(0);
                     tnp = time_path(&c, s, reps);
                     nb_cuda_matmul_wq_set_pdl(-1);
-                    char a16[16], a32[16] = "       -";
+                    if (n <= 8) { // the decode kernel's grid sized for 1 block per SM
+                        nb_cuda_matmul_wq_set_blocks_per_sm(1);
+                        t1sm = time_path(&c, s, reps);
+                        nb_cuda_matmul_wq_set_blocks_per_sm(0);
+                    }
+                    char a16[16], a32[16] = "       -", a2[16] = "       -";
+                    if (n <= 8) snprintf(a2, sizeof a2, "%8.2f", t1sm);
                     snprintf(a16, sizeof a16, "%8.2f", t16);
                     if (n > 8) snprintf(a32, sizeof a32, "%8.2f", t32);
                     snprintf(sweep[srows++], sizeof sweep[0],
-                             "| %-18s | %2d | %-16s | %8.2f | %8.2f | %7.2fx | %s | %s |",
+                             "| %-18s | %2d | %-16s | %8.2f | %8.2f | %7.2fx | %s | %s | %s |",
                              names[si], n, path_names[path], us[path], tnp, tnp / us[path], a16,
-                             a32);
+                             a32, a2);
                 }
             }
             if (n == 1) goal_speedup[si] = us[2] / us[0];
@@ -309,11 +315,12 @@ int main(int argc, char **argv) {
     printf("Launch and kernel sweep (us per launch; auto = the built-in choice: the "
            "streaming decode kernel with PDL for n <= 8, the tile kernel above; no PDL = the "
            "same without programmatic dependent launch; tile 16 = the tile kernel with 16-row "
-           "tiles, at n <= 8 in place of the decode kernel; tile 32 = 32-row tiles, n > 8):\n\n");
+           "tiles, at n <= 8 in place of the decode kernel; tile 32 = 32-row tiles, n > 8; 1/SM = the decode kernel's grid sized for one "
+           "block per SM instead of two):\n\n");
     printf("| shape (m x k)      |  n | path             |  auto us | no PDL   | PDL gain | "
-           "tile 16  | tile 32  |\n");
+           "tile 16  | tile 32  | 1/SM     |\n");
     printf("|--------------------|----|------------------|----------|----------|----------|"
-           "----------|----------|\n");
+           "----------|----------|----------|\n");
     for (int r = 0; r < srows; r++) printf("%s\n", sweep[r]);
     printf("\nLinear layer, out[n][m] = x[n][k] W^T, f16 activations and output; MB = weight "
            "bytes read per call; GB/s counts weights + x + out; %% of the copy bandwidth above; "

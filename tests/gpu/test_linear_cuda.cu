@@ -314,9 +314,10 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     // Programmatic dependent launch hazards: a chain of 8 dependent calls
     // ping-ponging between two buffers (each reads what the last one wrote
     // and overwrites what the last one read), enqueued without a sync, must
-    // give the bits of the same chain without PDL. Only where the grid
-    // leaves free slots for the next launch to start early (a large m) and
-    // in bf16 (the values grow through the chain).
+    // give the bits of the same chain without PDL. The last run sizes the
+    // decode kernel's grid for one block per SM, so the next launch's blocks
+    // start beside every block of this one (otherwise only a large m leaves
+    // free slots). bf16: the values grow through the chain.
     if (m == k && m >= 4096 && dt == NB_DTYPE_BF16) {
         const int n = 4;
         const size_t bb = (size_t)n * k * es;
@@ -330,6 +331,7 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
             for (int run = 0; run < 4; run++) {
                 const int pdl = run > 0;
                 nb_cuda_matmul_wq_set_pdl(pdl);
+                nb_cuda_matmul_wq_set_blocks_per_sm(run == 3 ? 1 : 0);
                 CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
                 CUDA_OK(cudaMemset(buf[1], 0xff, bb));
                 for (int step = 0; step < 8; step++)
@@ -344,6 +346,7 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
             }
         }
         nb_cuda_matmul_wq_set_pdl(-1);
+        nb_cuda_matmul_wq_set_blocks_per_sm(0);
         CUDA_OK(cudaStreamDestroy(cs));
         cudaFree(buf[0]);
         cudaFree(buf[1]);
