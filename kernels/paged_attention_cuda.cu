@@ -627,7 +627,7 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
 // otherwise): scores are integer dot products (dp4a) of the code bytes with
 // q*S_c quantized per block into two int8 parts (hi on max|q*S_c|/127, lo
 // on a 254x finer step: ~15 bits, exact integer sums, one scale each); the
-// draft's P.V converts a nibble to 1 + U/128 in one byte permute and removes
+// draft's P.V converts a nibble to 0.5 + U/256 in one byte permute and removes
 // the 1 through the sum of the weights at the end; V words are loaded with
 // K, so a slice waits for memory once. The draft instance is held to 128
 // registers (4 CTAs per SM), which measured faster than 167 at 3.
@@ -722,11 +722,12 @@ template <bool TGT> __device__ __forceinline__ void code_bytes(uint32_t up, uint
     }
 }
 
-// 8 draft channels as 1 + U/128 (exact): the nibble becomes mantissa bits
-// 16-19 of 1.0f in one byte permute per value, no add. Callers subtract the
-// 1 through the sum of the weights (see pa_decode_kernel's P.V).
-__device__ __forceinline__ void draft8_p1(uint32_t up, float v[8]) {
-    const uint32_t e = (up & 0x0F0F0F0Fu) | 0x80808080u, o = ((up >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
+// 8 draft channels as 0.5 + U/256 = (1 + U/128) / 2 (exact): the nibble
+// becomes mantissa bits 16-19 of 0.5f in one byte permute per value (byte 2
+// is 0000UUUU, byte 3 0x3F), no add and no OR. Callers remove the 0.5
+// through the sum of the weights (see pa_decode_kernel's P.V).
+__device__ __forceinline__ void draft8_h(uint32_t up, float v[8]) {
+    const uint32_t e = up & 0x0F0F0F0Fu, o = (up >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int b = 0; b < 4; b++) {
         v[2 * b] = __uint_as_float(__byte_perm(e, 0x3F000000u, 0x7044u | (b << 8)));
@@ -879,7 +880,7 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
         qz[m] = qsh[m] = qsl[m] = 0.0f;
         qbh[m] = qbl[m] = 0;
     }
-    float wsum[M]; // draft P.V: sum of the weights each lane applied (the 1 of 1 + U/128)
+    float wsum[M]; // draft P.V: sum of the weights each lane applied (the 0.5 of 0.5 + U/256)
 #pragma unroll
     for (int m = 0; m < M; m++) wsum[m] = 0.0f;
 
@@ -891,6 +892,20 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
     int cur_u = -1, blk = 0, upos = 0, ntok = 0, rmask = 0;
     bool ufp = true;
     const size_t es = sizeof(T);
+    // The current unit's K plane (bytes, quantized) or K rows (elements, FP)
+    // and scales record: set once per unit, so a slice only adds its token.
+    size_t ubase = 0, sbase = 0;
+    // Each query vector's row position, and whether it reads the
+    // pre-quantized C_F1: fixed for the CTA, so for M <= 2 computed once
+    // (no division per slice); more vectors recompute them (registers).
+    constexpr bool PRE = M <= 2;
+    int prow[PRE ? M : 1];
+    bool rpq[PRE ? M : 1];
+#pragma unroll
+    for (int m = 0; m < (PRE ? M : 1); m++) {
+        prow[m] = S.pos0 + m / g;
+        rpq[m] = row_uses_prequant(prow[m], G, nq, pq);
+    }
 
 #pragma unroll 1
     for (int k = k0; k < k1; k++) {
@@ -922,9 +937,15 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
                 rmask = (pq && j == 0) ? 2 : 0;
             }
             ntok = min(G, pos_end - upos);
+            if (ufp) {
+                ubase = nb_kv_fp_offset(&lay, P.layer, blk, kvh, 0, 0);
+            } else {
+                ubase = nb_kv_plane_offset(&lay, P.layer, blk, kvh, 0, 0);
+                sbase = nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_SCALE);
+            }
             if (QUANT && !ufp && ntok > 0) { // fold K's per-channel step into q, as int8 pairs
-                const T *ks = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_SCALE);
-                const T *kz = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_K_ZERO);
+                const T *ks = (const T *)P.scales + sbase;
+                const T *kz = ks + D;
                 __syncwarp();
                 float xv[M][D / 32], amax[M];
 #pragma unroll
@@ -992,9 +1013,9 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
         uint32_t vu[QUANT ? NSTEP : 1], vl[TGT ? NSTEP : 1];
         if (QUANT && !ufp) {
             {
-                const uint8_t *vrow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4;
-                const uint8_t *vlrow =
-                    TGT ? P.lower + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 1, t0) + cp * 4 : nullptr;
+                const size_t voff = ubase + (size_t)(G + t0) * RB + cp * 4; // V plane follows K's
+                const uint8_t *vrow = P.upper + voff;
+                const uint8_t *vlrow = TGT ? P.lower + voff : nullptr;
 #pragma unroll
                 for (int s = 0; s < NSTEP; s++) {
                     const int tok = s * TPS + ts;
@@ -1002,18 +1023,19 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
                     if (TGT) vl[s] = tok < tl ? ldg4(vlrow + tok * RB) : 0u;
                 }
             }
-            const uint8_t *krow = P.upper + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 0, t0 + lane);
+            const size_t koff = ubase + (size_t)(t0 + lane) * RB;
+            const uint8_t *krow = P.upper + koff;
             uint4 ku[RB / 16], kl[TGT ? RB / 16 : 1];
             if (tv) {
 #pragma unroll
                 for (int i = 0; i < RB / 16; i++) ku[i] = ldg16_l1(krow + 16 * i);
                 if (TGT) {
-                    const uint8_t *lrow = P.lower + nb_kv_plane_offset(&lay, P.layer, blk, kvh, 0, t0 + lane);
+                    const uint8_t *lrow = P.lower + koff;
 #pragma unroll
                     for (int i = 0; i < RB / 16; i++) kl[i] = ldg16_l1(lrow + 16 * i);
                 }
-                const T *vsp = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_V_SCALE);
-                const T *vzp = (const T *)P.scales + nb_kv_scales_offset(&lay, P.layer, blk, kvh, NB_KV_V_ZERO);
+                const T *vsp = (const T *)P.scales + sbase + 2 * D; // record: K step, K zero, V step, V zero
+                const T *vzp = vsp + G;
                 vstep = ldf<T>(vsp + t0 + lane);
                 if (TGT) vstep *= 0.0625f;
                 vzero = ldf<T>(vzp + t0 + lane);
@@ -1053,7 +1075,7 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
 #pragma unroll
             for (int m = 0; m < M; m++) sc[m] = fmaf(qsh[m], (float)ah[m], fmaf(qsl[m], (float)al[m], qz[m]));
         } else {
-            const uint8_t *krow = P.fp + nb_kv_fp_offset(&lay, P.layer, blk, kvh, 0, t0 + lane) * es;
+            const uint8_t *krow = P.fp + (ubase + (size_t)(t0 + lane) * D) * es;
             uint4 kf[D / 8];
 #pragma unroll
             for (int i = 0; i < D / 8; i++) kf[i] = tv ? ldg16_l1(krow + 16 * i) : make_uint4(0, 0, 0, 0);
@@ -1072,7 +1094,10 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
 #pragma unroll
         for (int m = 0; m < M; m++) {
             bool ok = tv && m < Mt;
-            if (ok) {
+            if (PRE) {
+                ok = ok && pos <= prow[PRE ? m : 0];
+                if (rmask) ok = ok && (rpq[PRE ? m : 0] == (rmask == 1));
+            } else if (ok) {
                 const int p = S.pos0 + m / g;
                 ok = pos <= p;
                 if (rmask) ok = ok && (row_uses_prequant(p, G, nq, pq) == (rmask == 1));
@@ -1092,26 +1117,31 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
         __syncwarp();
 
         // ---- P.V: lane = (token ts of each step, channel word cp) ----
+        // NOTE: no per-token branch for M <= 2: a token past the slice's end
+        // has weight +0 (every lane wrote its row of wsm) and V words of 0
+        // (not loaded), so its terms add +0 to accumulators that are never
+        // -0. With more query vectors the branch stays: without it the
+        // compiler keeps more steps in flight and the M = 8 instances spill.
+        constexpr bool BR = M > 2;
         if (QUANT && !ufp) {
 #pragma unroll
             for (int s = 0; s < NSTEP; s++) {
                 const int tok = s * TPS + ts;
-                if (tok < tl) {
-                    float v[8];
-                    if (TGT) target8(vu[s], vl[TGT ? s : 0], v);
-                    else draft8_p1(vu[s], v); // 1 + U/128
-                    float wv[M];
-                    ld_w<M>(wv, wsm + tok * M);
+                if (BR && tok >= tl) continue;
+                float v[8];
+                if (TGT) target8(vu[s], vl[TGT ? s : 0], v);
+                else draft8_h(vu[s], v); // 0.5 + U/256
+                float wv[M];
+                ld_w<M>(wv, wsm + tok * M);
 #pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        if (!TGT) wsum[m] += wv[m];
+                for (int m = 0; m < M; m++) {
+                    if (!TGT) wsum[m] += wv[m];
 #pragma unroll
-                        for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
-                    }
+                    for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
                 }
             }
         } else {
-            const uint8_t *vrow = P.fp + nb_kv_fp_offset(&lay, P.layer, blk, kvh, 1, t0) * es + cp * 16;
+            const uint8_t *vrow = P.fp + (ubase + (size_t)(G + t0) * D) * es + cp * 16; // V rows follow K's
             uint4 vf[NSTEP];
 #pragma unroll
             for (int s = 0; s < NSTEP; s++) {
@@ -1121,19 +1151,18 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
 #pragma unroll
             for (int s = 0; s < NSTEP; s++) {
                 const int tok = s * TPS + ts;
-                if (tok < tl) {
-                    float v[8];
-                    fpw8<T>(vf[s], v);
-                    float wv[M];
-                    ld_w<M>(wv, wsm + tok * M);
-                    if (QUANT && !TGT) // on the scale of the draft's 1 + U/128 (see the end)
+                if (BR && tok >= tl) continue;
+                float v[8];
+                fpw8<T>(vf[s], v);
+                float wv[M];
+                ld_w<M>(wv, wsm + tok * M);
+                if (QUANT && !TGT) // on the scale of the draft's (1 + U/128) / 2 (see the end)
 #pragma unroll
-                        for (int m = 0; m < M; m++) wv[m] *= 0.0078125f;
+                    for (int m = 0; m < M; m++) wv[m] *= 0.00390625f;
 #pragma unroll
-                    for (int m = 0; m < M; m++) {
+                for (int m = 0; m < M; m++) {
 #pragma unroll
-                        for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
-                    }
+                    for (int j = 0; j < 8; j++) acc[m][j] = fmaf(wv[m], v[j], acc[m][j]);
                 }
             }
         }
@@ -1144,11 +1173,11 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
     // ---- warp reduction, then the CTA's warps merge ----
     float *mo = (float *)(smem + SM::mo);
     float *mlp = (float *)(smem + SM::ml);
-    if (QUANT && !TGT) { // draft: acc = sum w*(1 + U/128) (quantized) + sum w*v/128 (FP)
+    if (QUANT && !TGT) { // draft: acc = sum w*(0.5 + U/256) (quantized) + sum w*v/256 (FP)
 #pragma unroll
         for (int m = 0; m < M; m++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc[m][j] = 128.0f * (acc[m][j] - wsum[m]);
+            for (int j = 0; j < 8; j++) acc[m][j] = 256.0f * (acc[m][j] - 0.5f * wsum[m]);
     }
 #pragma unroll
     for (int m = 0; m < M; m++) {
