@@ -627,10 +627,13 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
 // otherwise): scores are integer dot products (dp4a) of the code bytes with
 // q*S_c quantized per block into two int8 parts (hi on max|q*S_c|/127, lo
 // on a 254x finer step: ~15 bits, exact integer sums, one scale each); the
-// draft's P.V converts a nibble to 0.5 + U/256 in one byte permute and removes
-// the 1 through the sum of the weights at the end; V words are loaded with
-// K, so a slice waits for memory once. The draft instance is held to 128
-// registers (4 CTAs per SM), which measured faster than 167 at 3.
+// draft's P.V converts a nibble to 0.5 + U/256 in one AND and one byte
+// permute and removes the 0.5 through the sum of the weights at the end; V
+// words are loaded with K, so a slice waits for memory once; plane and
+// scale offsets are set once per unit; decode shapes (M <= 2) run the P.V
+// steps without a per-token branch. The draft instance is held to 128
+// registers (4 CTAs per SM), which measured faster than 167 at 3 (also with
+// a next-slice prefetch in registers, session 11: docs/benchmarks.md).
 
 constexpr int DNW = 4;            // warps per decode CTA
 constexpr int DNT = DNW * 32;
