@@ -88,6 +88,16 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    // A filter that matches nothing is an error, not an empty table.
+    const int ctx_ok = only_ctx == 4096 || only_ctx == 16384 ||
+                       (!quick && (only_ctx == 32768 || only_ctx == 65536 || only_ctx == 131072));
+    if ((only_model && ((strcmp(only_model, "llama2-7b") && strcmp(only_model, "llama3-8b")) ||
+                        (only_b != 1 && only_b != 8) || !ctx_ok)) ||
+        only_mode < -1 || only_mode > 6 || iters < 1) {
+        fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
+                        "(4096|16384 with --quick); --mode 0..6; --iters >= 1\n", argv[0]);
+        return 2;
+    }
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         printf("SKIP: no CUDA device\n");
