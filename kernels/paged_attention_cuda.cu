@@ -542,6 +542,9 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
     const int h = blockIdx.x, r = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x;
     const nb_pa_seq S = P.seqs[seq];
     if (r >= S.n_rows) return;
+    // Launched as a programmatic dependent of the decode kernel (see
+    // launch_merge): the partials are read only once that grid is complete.
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     const int D = P.pl.D;
     const size_t stride = (size_t)P.max_rows * P.n_q_heads;
     const size_t base = ((size_t)seq * P.n_chunks * P.max_rows + r) * P.n_q_heads + h;
@@ -608,6 +611,29 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
         for (int g2 = 0; g2 < ng; g2++) o += red[g2 * D + d];
         out[d] = o * inv;
     }
+}
+
+// pa_merge_kernel on (q head, row, seq), launched with programmatic stream
+// serialization (unless NB_PA_PDL=0): its CTAs may be scheduled while the
+// decode kernel's last CTAs finish, and wait in griddepcontrol.wait. The
+// same bits either way.
+cudaError_t launch_merge(const pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *e = getenv("NB_PA_PDL");
+        pdl = !(e && e[0] == '0');
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)a->n_q_heads, (unsigned)a->max_rows, (unsigned)a->n_seqs);
+    cfg.blockDim = dim3(MNT);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, pa_merge_kernel, kp);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 // ---- decode kernel: few query vectors per kv head (decode, short verify) ----
@@ -782,6 +808,9 @@ __device__ __forceinline__ size_t dec_pidx(const pa_kp &P, int seq, int chunk, i
 template <int NW, int M, int D>
 __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
                                               int Mt, const float *mo, const float *mlp) {
+    // Every load of the chunk is done: the merge kernel may be scheduled
+    // (it waits for this grid to complete before it reads a partial).
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int g = P.g;
     for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
         const int m = i / D, c = i - m * D;
@@ -1232,7 +1261,7 @@ template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
             if (occ < 1) occ = 1;
             dev = cur;
         }
-        // Split-K: about two waves of CTAs, chunks of whole blocks; or, row
+        // Split-K: about one wave of CTAs, chunks of whole blocks; or, row
         // invariant, fixed chunks of fixed_chunk_groups groups.
         const int G = a->lay.group_size;
         if (a->fixed_chunk_groups > 0) {
@@ -1243,8 +1272,15 @@ template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
         } else {
             const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
             const long base = (long)a->n_seqs * a->lay.n_kv_heads;
-            // NOTE: rounded down: one CTA over two full waves costs a third.
-            const long target = 2L * dev_sms * occ;
+            // NOTE: one wave of CTAs, rounded down (a CTA over a full wave
+            // costs a whole second one). Against two waves of half-size
+            // chunks it was faster in 37 of 48 measured cells (llama2/llama3
+            // shapes, batch 1 and 8, 4k-128k, three views), e.g. the draft
+            // view at batch 1, 32k: llama2 0.0741 vs 0.0811 ms, llama3 0.0500
+            // vs 0.0634 ms; slower by at most 2% in the others but llama3,
+            // batch 8, 128k, target (1.020 vs 0.952 ms). Half a wave and 1.5
+            // waves were slower (docs/benchmarks.md, session 12).
+            const long target = (long)dev_sms * occ;
             long chunks = target / base;
             if (chunks > units_max) chunks = units_max;
             if (chunks > a->max_chunks) chunks = a->max_chunks;
@@ -1272,8 +1308,7 @@ template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
         kern<<<grid, DNT, smem, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
         if (kp.n_chunks > 1 || kp.inv) {
-            pa_merge_kernel<<<dim3(a->n_q_heads, a->max_rows, a->n_seqs), MNT, 0, stream>>>(kp);
-            if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+            if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
         }
         return NB_OK;
     }
@@ -1409,8 +1444,7 @@ template <int DC, typename T, int MODE> struct launcher {
         kern<<<grid, NT, L.smem_bytes, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
         if (kp.n_chunks > 1) {
-            pa_merge_kernel<<<dim3(a->n_q_heads, a->max_rows, a->n_seqs), MNT, 0, stream>>>(kp);
-            if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+            if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
         }
         return NB_OK;
     }
