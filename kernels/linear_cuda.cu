@@ -233,12 +233,41 @@ template <> __device__ __forceinline__ float x_to_f32<__nv_bfloat16>(__nv_bfloat
     return __bfloat162float(v);
 }
 
+#ifdef NB_WQ_TRACE
+// Timeline hooks, compiled only into tests/bench/trace_linear_cuda.cu (a
+// diagnostic; never in the library): lane 0 of each warp stores
+// %globaltimer at numbered points into its own slot, no atomics. The harness
+// lists its launches' output buffers; p.out names the launch.
+constexpr int kTrL = 32, kTrB = 1024, kTrP = 6;
+__device__ unsigned long long nb_wq_trace_buf[kTrL][kTrB][kWarps][kTrP];
+__device__ const void *nb_wq_trace_outs[kTrL];
+__device__ __forceinline__ int wq_trace_seq(const void *out) {
+    for (int i = 0; i < kTrL; i++)
+        if (nb_wq_trace_outs[i] == out) return i;
+    return -1;
+}
+__device__ __forceinline__ void wq_trace(int seq, int pt) {
+    if ((threadIdx.x & 31) == 0 && seq >= 0 && blockIdx.x < kTrB) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        nb_wq_trace_buf[seq][blockIdx.x][threadIdx.x >> 5][pt] = t;
+    }
+}
+#define WQ_TRACE_SEQ const int wq_seq = wq_trace_seq(p.out)
+#define WQ_TRACE(pt) wq_trace(wq_seq, pt)
+#else
+#define WQ_TRACE_SEQ ((void)0)
+#define WQ_TRACE(pt) ((void)0)
+#endif
+
 // The tensor-core kernel. Block: kWarps warps, R tiles of 16 weight rows
 // (blockIdx.x), NT tiles of 8 x rows (blockIdx.y); grid.x = ceil(m/16R),
 // grid.y = ceil(n/8NT).
 template <typename XT, int NT, int R, bool LOWER, int kGU>
 __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
     __shared__ float red[kWarps][NT * 8][R * 16];
+    WQ_TRACE_SEQ;
+    WQ_TRACE(0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * (R * 16);
@@ -380,6 +409,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
         if (p.bias) v += load_any(p.bias, p.bias_dt, row);
         store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
     }
+    WQ_TRACE(5);
 }
 
 // ---- The decode kernel (n <= 8 rows of x) ----
@@ -459,6 +489,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int ng = p.k / kGroup;
     const size_t rbytes = (size_t)p.k / 2;
     const int cw = warp < ng ? (ng - warp + kWarps - 1) / kWarps : 0;  // groups per tile
+    WQ_TRACE_SEQ;
+    WQ_TRACE(0);
     const int my_tiles = (int)blockIdx.x < ntiles
                              ? (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x
                              : 0;
@@ -519,7 +551,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int s = 0; s < ST; s++) issue();
     }
+    WQ_TRACE(1);
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    WQ_TRACE(2);
 
     const bool xok = g < p.n;
     const uint8_t *xb =
@@ -548,6 +582,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
     }
     __syncwarp();
+    WQ_TRACE(3);
 
     int cs = 0;  // the slot consumed next
     for (int tl = 0; tl < my_tiles; tl++) {
@@ -610,6 +645,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         int j = 0;
         for (; j + 2 <= cw; j += 2) step(std::integral_constant<int, 2>{}, j);
         if (j < cw) step(std::integral_constant<int, 1>{}, j);
+        WQ_TRACE(4);
         // tot[i]: weight row g + 8*(i/2) of the tile, x row 2t + i%2.
         float (*rb)[8][16] = red[tl & 1];
 #pragma unroll
@@ -631,6 +667,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
     }
     cp_wait<0>();
+    WQ_TRACE(5);
 }
 
 // Any supported k (group size gs = 32..128): one thread per output, the same

@@ -20,6 +20,19 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
     target_compile_options(${_nb_gl} PRIVATE
                            $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
   endforeach()
+  # The launch-timeline diagnostic: compiles linear_cuda.cu itself with its
+  # NB_WQ_TRACE hooks, so it does not link nb_kernels_cuda. Built, never run
+  # by ctest (it measures, it checks nothing).
+  set(_nb_tr_src ${CMAKE_CURRENT_LIST_DIR}/bench/trace_linear_cuda.cu)
+  if(EXISTS ${_nb_tr_src})
+    add_executable(trace_linear_cuda ${_nb_tr_src})
+    target_link_libraries(trace_linear_cuda PRIVATE nb_kernels CUDA::cudart CUDA::cublas
+                          Threads::Threads ${MATH_LIBRARY})
+    set_target_properties(trace_linear_cuda PROPERTIES CUDA_STANDARD 17
+                          CUDA_STANDARD_REQUIRED ON)
+    target_compile_options(trace_linear_cuda PRIVATE
+                           $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  endif()
   if(TARGET test_linear_cuda)
     add_test(NAME test_linear_cuda COMMAND test_linear_cuda)
     set_tests_properties(test_linear_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77

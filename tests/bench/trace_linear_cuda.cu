@@ -1,0 +1,169 @@
+// trace_linear_cuda.cu: where the time of a chain of quantized-linear
+// launches goes. Builds linear_cuda.cu with its timeline hooks
+// (NB_WQ_TRACE: lane 0 of every warp records %globaltimer at numbered
+// points), replays a CUDA graph of L launches of one shape (weights rotated
+// over copies totalling >= 4x L2, as bench_linear_cuda does) and prints, per
+// launch, when its blocks started, were released by griddepcontrol.wait,
+// finished their group sums and exited, relative to the first launch's
+// first block. A diagnostic for the decode kernel's launch overlap, not a
+// benchmark: the hooks cost a timer read and a store per warp and point.
+//
+// Usage: trace_linear_cuda M K N MODE [L]
+//   MODE: auto (the built-in choice), nopdl, tile (the tile kernel), 1sm
+//   (decode kernel, one block per SM). 4-bit view, f16 x and out.
+// Points: 0 entry, 1 weights requested (before the wait), 2 after the wait,
+// 3 group sums done, 4 a tile's last item consumed, 5 exit.
+#define NB_WQ_TRACE 1
+#include "../../kernels/linear_cuda.cu"
+
+#include <algorithm>
+#include <vector>
+
+#define CK(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cudaGetErrorString(e_));                                              \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+__global__ void tr_fill(uint8_t *p, size_t n, int kind, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        const uint32_t h = (uint32_t)(z ^ (z >> 31));
+        if (kind == 0) {
+            p[i] = (uint8_t)h;
+        } else if ((i & 1) == 0) {  // f16 elements: kind 1 x, 2 scale, 3 zero
+            uint16_t v = kind == 1   ? (uint16_t)((h & 0x8000u) | (0x2000u + (h % 0x1400u)))
+                         : kind == 2 ? (uint16_t)(0x1400u + (h % 0x1000u))
+                                     : (uint16_t)(0x8000u | (0x2000u + (h % 0x1000u)));
+            if (i + 1 < n) memcpy(p + i, &v, 2);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: trace_linear_cuda M K N auto|nopdl|tile|1sm [L]\n");
+        return 2;
+    }
+    const int m = atoi(argv[1]), k = atoi(argv[2]), n = atoi(argv[3]);
+    const char *mode = argv[4];
+    const int L = argc > 5 ? atoi(argv[5]) : 16;
+    if (m <= 0 || k <= 0 || k % 128 || n < 1 || n > 16 || L < 2 || L > kTrL) {
+        fprintf(stderr, "trace_linear_cuda: bad sizes\n");
+        return 2;
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("trace_linear_cuda: SKIP: no CUDA device\n");
+        return 77;
+    }
+    nb_cuda_matmul_wq_set_pdl(strcmp(mode, "nopdl") ? 1 : 0);
+    nb_cuda_matmul_wq_set_decode_kernel(strcmp(mode, "tile") ? 1 : 0);
+    nb_cuda_matmul_wq_set_blocks_per_sm(strcmp(mode, "1sm") ? 0 : 1);
+
+    const size_t plane = (size_t)m * k / 2, ngr = (size_t)m * k / 128;
+    const size_t per_copy = plane + 4 * ngr;
+    int copies = (int)((200u << 20) / per_copy) + 1;
+    if (copies > L) copies = L;
+    std::vector<nb_wq_tensor> w(copies);
+    for (int c = 0; c < copies; c++) {
+        uint8_t *u, *sc, *zr;
+        CK(cudaMalloc(&u, plane));
+        CK(cudaMalloc(&sc, 2 * ngr));
+        CK(cudaMalloc(&zr, 2 * ngr));
+        tr_fill<<<1024, 256>>>(u, plane, 0, 11 + c);
+        tr_fill<<<1024, 256>>>(sc, 2 * ngr, 2, 23 + c);
+        tr_fill<<<1024, 256>>>(zr, 2 * ngr, 3, 37 + c);
+        w[c] = {u, nullptr, (const uint16_t *)sc, (const uint16_t *)zr};
+    }
+    uint8_t *x;
+    CK(cudaMalloc(&x, (size_t)n * k * 2));
+    tr_fill<<<256, 256>>>(x, (size_t)n * k * 2, 1, 5);
+    std::vector<void *> out(L);
+    for (int i = 0; i < L; i++) CK(cudaMalloc(&out[i], (size_t)n * m * 2 + 256));
+    CK(cudaDeviceSynchronize());
+
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto launch = [&](int i) {
+        if (nb_cuda_matmul_wq(out[i], NB_DTYPE_F16, x, NB_DTYPE_F16, &w[i % copies], 0, NULL,
+                              NB_DTYPE_F32, n, m, k, NULL, 0, s) != NB_OK) {
+            fprintf(stderr, "trace_linear_cuda: launch failed\n");
+            exit(1);
+        }
+    };
+    launch(0);
+    CK(cudaStreamSynchronize(s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < L; i++) launch(i);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpyToSymbol(nb_wq_trace_outs, out.data(), sizeof(void *) * L));
+    static unsigned long long host[kTrL][kTrB][kWarps][kTrP];
+    memset(host, 0, sizeof host);
+    CK(cudaMemcpyToSymbol(nb_wq_trace_buf, host, sizeof host));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaStreamSynchronize(s));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaMemcpyFromSymbol(host, nb_wq_trace_buf, sizeof host));
+
+    // Per launch and point: min and max time; blocks and SMs seen.
+    const int P = kTrP;
+    std::vector<unsigned long long> lo((size_t)L * P, ~0ull), hi((size_t)L * P, 0);
+    std::vector<int> nrec((size_t)L * P, 0);
+    unsigned long long t0 = ~0ull;
+    unsigned cnt = 0;
+    for (int li = 0; li < L; li++)
+        for (int bk = 0; bk < kTrB; bk++)
+            for (int wp = 0; wp < kWarps; wp++)
+                for (int pt = 0; pt < P; pt++) {
+                    const unsigned long long t = host[li][bk][wp][pt];
+                    if (!t) continue;
+                    cnt++;
+                    lo[li * P + pt] = std::min(lo[li * P + pt], t);
+                    hi[li * P + pt] = std::max(hi[li * P + pt], t);
+                    nrec[li * P + pt]++;
+                    t0 = std::min(t0, t);
+                }
+    printf("trace %s: %d x %d, n = %d, %d launches: %.2f us per launch by events; %u records\n",
+           mode, m, k, n, L, 1000.0 * ms / L, cnt);
+    printf("times in us from the first record; per point: first..last warp\n");
+    printf("| launch | entry            | requested        | released         | sums done        "
+           "| tile done        | exit             |\n");
+    printf("|--------|------------------|------------------|------------------|------------------"
+           "|------------------|------------------|\n");
+    for (int li = 0; li < L; li++) {
+        printf("| %6d |", li);
+        for (int pt = 0; pt < P; pt++) {
+            if (!nrec[li * P + pt]) {
+                printf(" %16s |", "-");
+                continue;
+            }
+            printf(" %7.2f..%7.2f |", (lo[li * P + pt] - t0) / 1000.0,
+                   (hi[li * P + pt] - t0) / 1000.0);
+        }
+        printf("\n");
+    }
+    const int a = L / 2, b = L - 1;
+    if (nrec[b * P + 5] && nrec[a * P + 5])
+        printf("steady period (last exits, launches %d..%d): %.2f us\n", a, b,
+               (hi[b * P + 5] - hi[a * P + 5]) / 1000.0 / (b - a));
+    return 0;
+}
