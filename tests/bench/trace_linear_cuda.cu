@@ -56,7 +56,12 @@ int main(int argc, char **argv) {
     const char *mode = argv[4];
     const int L = argc > 5 ? atoi(argv[5]) : 16;
     if (m <= 0 || k <= 0 || k % 128 || n < 1 || n > 16 || L < 2 || L > kTrL) {
-        fprintf(stderr, "trace_linear_cuda: bad sizes\n");
+        fprintf(stderr, "trace_linear_cuda: need M > 0, K %% 128 == 0, 1 <= N <= 16, 2 <= L <= %d\n",
+                kTrL);
+        return 2;
+    }
+    if (strcmp(mode, "auto") && strcmp(mode, "nopdl") && strcmp(mode, "tile") && strcmp(mode, "1sm")) {
+        fprintf(stderr, "trace_linear_cuda: MODE is auto, nopdl, tile or 1sm, not %s\n", mode);
         return 2;
     }
     int ndev = 0;
