@@ -2,7 +2,8 @@
 // launches goes. Builds linear_cuda.cu with its timeline hooks
 // (NB_WQ_TRACE: lane 0 of every warp records %globaltimer at numbered
 // points), replays a CUDA graph of L launches of one shape (weights rotated
-// over copies totalling >= 4x L2, as bench_linear_cuda does) and prints, per
+// over L copies, or as many as fill 200 MB, so that no launch finds its
+// weights in L2, as in bench_linear_cuda) and prints, per
 // launch, when its blocks started, were released by griddepcontrol.wait,
 // finished their group sums and exited, relative to the first launch's
 // first block. A diagnostic for the decode kernel's launch overlap, not a
@@ -149,7 +150,8 @@ int main(int argc, char **argv) {
                 }
     printf("trace %s: %d x %d, n = %d, %d launches: %.2f us per launch by events; %u records\n",
            mode, m, k, n, L, 1000.0 * ms / L, cnt);
-    printf("times in us from the first record; per point: first..last warp\n");
+    printf("times in us from the first record; per point: first..last warp%s\n",
+           (m + 15) / 16 > kTrB ? " (blocks past 1024 are not recorded)" : "");
     printf("| launch | entry            | requested        | released         | sums done        "
            "| tile done        | exit             |\n");
     printf("|--------|------------------|------------------|------------------|------------------"
