@@ -20,33 +20,7 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(call)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
-                    cudaGetErrorString(e_));                                              \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-__global__ void tr_fill(uint8_t *p, size_t n, int kind, uint32_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        const uint32_t h = (uint32_t)(z ^ (z >> 31));
-        if (kind == 0) {
-            p[i] = (uint8_t)h;
-        } else if ((i & 1) == 0) {  // f16 elements: kind 1 x, 2 scale, 3 zero
-            uint16_t v = kind == 1   ? (uint16_t)((h & 0x8000u) | (0x2000u + (h % 0x1400u)))
-                         : kind == 2 ? (uint16_t)(0x1400u + (h % 0x1000u))
-                                     : (uint16_t)(0x8000u | (0x2000u + (h % 0x1000u)));
-            if (i + 1 < n) memcpy(p + i, &v, 2);
-        }
-    }
-}
+#include "wq_bench_util.cuh"
 
 int main(int argc, char **argv) {
     if (argc < 5) {
@@ -81,23 +55,23 @@ int main(int argc, char **argv) {
     std::vector<nb_wq_tensor> w(copies);
     for (int c = 0; c < copies; c++) {
         uint8_t *u, *sc, *zr;
-        CK(cudaMalloc(&u, plane));
-        CK(cudaMalloc(&sc, 2 * ngr));
-        CK(cudaMalloc(&zr, 2 * ngr));
-        tr_fill<<<1024, 256>>>(u, plane, 0, 11 + c);
-        tr_fill<<<1024, 256>>>(sc, 2 * ngr, 2, 23 + c);
-        tr_fill<<<1024, 256>>>(zr, 2 * ngr, 3, 37 + c);
+        CUDA_OK(cudaMalloc(&u, plane));
+        CUDA_OK(cudaMalloc(&sc, 2 * ngr));
+        CUDA_OK(cudaMalloc(&zr, 2 * ngr));
+        fill(u, plane, 0, 11 + c);
+        fill(sc, ngr, 2, 23 + c);
+        fill(zr, ngr, 3, 37 + c);
         w[c] = {u, nullptr, (const uint16_t *)sc, (const uint16_t *)zr};
     }
     uint8_t *x;
-    CK(cudaMalloc(&x, (size_t)n * k * 2));
-    tr_fill<<<256, 256>>>(x, (size_t)n * k * 2, 1, 5);
+    CUDA_OK(cudaMalloc(&x, (size_t)n * k * 2));
+    fill(x, (size_t)n * k, 1, 5);
     std::vector<void *> out(L);
-    for (int i = 0; i < L; i++) CK(cudaMalloc(&out[i], (size_t)n * m * 2 + 256));
-    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < L; i++) CUDA_OK(cudaMalloc(&out[i], (size_t)n * m * 2 + 256));
+    CUDA_OK(cudaDeviceSynchronize());
 
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     auto launch = [&](int i) {
         if (nb_cuda_matmul_wq(out[i], NB_DTYPE_F16, x, NB_DTYPE_F16, &w[i % copies], 0, NULL,
                               NB_DTYPE_F32, n, m, k, NULL, 0, s) != NB_OK) {
@@ -106,29 +80,29 @@ int main(int argc, char **argv) {
         }
     };
     launch(0);
-    CK(cudaStreamSynchronize(s));
+    CUDA_OK(cudaStreamSynchronize(s));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < L; i++) launch(i);
-    CK(cudaStreamEndCapture(s, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(exec, s));
-    CK(cudaStreamSynchronize(s));
-    CK(cudaMemcpyToSymbol(nb_wq_trace_outs, out.data(), sizeof(void *) * L));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; r++) CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    CUDA_OK(cudaMemcpyToSymbol(nb_wq_trace_outs, out.data(), sizeof(void *) * L));
     static unsigned long long host[kTrL][kTrB][kWarps][kTrP];
     memset(host, 0, sizeof host);
-    CK(cudaMemcpyToSymbol(nb_wq_trace_buf, host, sizeof host));
+    CUDA_OK(cudaMemcpyToSymbol(nb_wq_trace_buf, host, sizeof host));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaStreamSynchronize(s));
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventRecord(e0, s));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaEventRecord(e1, s));
+    CUDA_OK(cudaStreamSynchronize(s));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaMemcpyFromSymbol(host, nb_wq_trace_buf, sizeof host));
+    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_OK(cudaMemcpyFromSymbol(host, nb_wq_trace_buf, sizeof host));
 
     // Per launch and point: min and max time; blocks and SMs seen.
     const int P = kTrP;
