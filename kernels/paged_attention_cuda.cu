@@ -805,7 +805,15 @@ __device__ __forceinline__ size_t dec_pidx(const pa_kp &P, int seq, int chunk, i
 // memory, written before a __syncthreads. Writes the normalized output when
 // the call has one batch-tuned chunk, else the chunk's partial for
 // pa_merge_kernel. Merged in a fixed warp order (deterministic).
-template <int NW, int M, int D>
+// Where channel c of query vector m sits in a row of mo: c itself, or for
+// the tensor-core kernel (SWZ) c with bits 0-3 XOR-ed by (c >> 5) & 3 and
+// (m >> 1) & 3, so that its fragment-order stores hit 32 distinct banks
+// (the merge's reads of 32 consecutive c stay a permutation of one row span).
+template <bool SWZ> __device__ __forceinline__ int mo_col(int m, int c) {
+    return SWZ ? c ^ ((((c >> 5) & 3) << 2) | ((m >> 1) & 3)) : c;
+}
+
+template <int NW, int M, int D, bool SWZ = false>
 __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
                                               int Mt, const float *mo, const float *mlp) {
     // Every load of the chunk is done: the merge kernel may be scheduled
@@ -824,7 +832,7 @@ __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S
             const float lw = mlp[2 * (w * M + m) + 1];
             if (lw > 0.0f) {
                 const float f = exp2f(mlp[2 * (w * M + m)] - mx);
-                o = fmaf(mo[(w * M + m) * D + c], f, o);
+                o = fmaf(mo[(w * M + m) * D + mo_col<SWZ>(m, c)], f, o);
                 l = fmaf(lw, f, l);
             }
         }

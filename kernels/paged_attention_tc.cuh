@@ -51,6 +51,11 @@ constexpr int TC_NT = TC_NW * 32;
 constexpr int TC_D = 128;
 constexpr int TC_M = 8; // query vectors per kv head (MMA N)
 
+// Staged q: [8 query vectors][4 chunks of 32 channels], each chunk padded to
+// 36 floats so that the 16-byte reads of 8 lanes (2 query vectors x 4
+// chunks) fall in distinct banks.
+constexpr int TC_QS_C = 36, TC_QS_M = 4 * TC_QS_C;
+
 template <int MODE> struct tc_cfg {
     static constexpr bool TGT = MODE == NB_PA_TARGET;
     static constexpr int PLANE = 32 * (TC_D / 2);               // one plane, 32 rows: 2048 B
@@ -64,7 +69,7 @@ template <int MODE> struct tc_cfg {
     // latency than deeper rings (measured); registers <= 168 for 3.
     static constexpr int NS = TGT ? 2 : 3;
     static constexpr int MIN_CTAS = 3;
-    static constexpr int qs_bytes = TC_M * 4 * 33 * 4;         // q [8][4 chunks][33] f32 (padded)
+    static constexpr int qs_bytes = TC_M * TC_QS_M * 4;        // q [8][4 chunks][36] f32 (padded)
     static constexpr int ring = TC_NW * NS * stage;
     static constexpr int mo_bytes = TC_NW * TC_M * TC_D * 4 + TC_NW * TC_M * 2 * 4;
     static constexpr int body = ring > mo_bytes ? ring : mo_bytes;
@@ -80,6 +85,14 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x, approximate (max rel. error ~2^-22), denormal results flushed to 0;
+// 2^-inf = 0.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
 
@@ -88,15 +101,23 @@ __device__ __forceinline__ uint32_t hsub_const(uint32_t h, uint32_t c2) { return
 constexpr uint32_t H1024 = 0x64006400u; // (1024, 1024)
 constexpr uint32_t H1032 = 0x64086408u; // (1032, 1032)
 
+// (x & M) | H1024 as one LOP3 (left to itself the compiler emits an AND and
+// an OR, each with its immediate).
+template <uint32_t M> __device__ __forceinline__ uint32_t and_or1024(uint32_t x) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(x), "n"(M), "r"(H1024));
+    return d;
+}
+
 // Four half2 of exact U values (0..15) from a word of 8 upper nibbles.
 // Pairs: (c0,c4) (c1,c5) (c2,c6) (c3,c7) of the word's 8 channels.
 __device__ __forceinline__ void draft_k4(uint32_t u, uint32_t (&h)[4]) {
     const __half2 k16 = __float2half2_rn(0.0625f), km64 = __float2half2_rn(-64.0f);
-    h[0] = hsub_const((u & 0x000f000fu) | H1024, H1024);
-    h[1] = h2u(__hfma2(u2h((u & 0x00f000f0u) | H1024), k16, km64));
+    h[0] = hsub_const(and_or1024<0x000f000fu>(u), H1024);
+    h[1] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(u)), k16, km64));
     const uint32_t s = u >> 8;
-    h[2] = hsub_const((s & 0x000f000fu) | H1024, H1024);
-    h[3] = h2u(__hfma2(u2h((s & 0x00f000f0u) | H1024), k16, km64));
+    h[2] = hsub_const(and_or1024<0x000f000fu>(s), H1024);
+    h[3] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(s)), k16, km64));
 }
 
 // Even / odd channel codes 16U + Lstored (0..255) of a word pair, one byte each.
@@ -125,6 +146,15 @@ template <int KIND> __device__ __forceinline__ int2 kpair(int f) {
     return make_int2(2 * f, 2 * f + 1);                                         // FP values
 }
 
+// Two 16-bit elements (one 32-bit word, low half first) as floats.
+template <typename T> __device__ __forceinline__ float2 t2_f2(uint32_t w) {
+    if constexpr (std::is_same<T, __half>::value) {
+        return __half22float2(u2h(w));
+    } else {
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+    }
+}
+
 // Two FP elements (one 32-bit word) as an f16 pair.
 template <typename T> __device__ __forceinline__ uint32_t fp_pair_h(uint32_t w) {
     if constexpr (std::is_same<T, __half>::value) {
@@ -146,7 +176,7 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
     constexpr bool TGT = C::TGT;
     constexpr int D = TC_D, RB = D / 2;
     extern __shared__ __align__(16) uint8_t smem[];
-    float *qs = (float *)smem; // [8][4][33]
+    float *qs = (float *)smem; // [8][4][TC_QS_C]
     int32_t *tab = (int32_t *)(smem + C::qs_bytes); // block id of unit ua + i
     uint8_t *body = smem + C::qs_bytes + ((P.upc + 1) * 4 + 15) / 16 * 16;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -169,11 +199,20 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
-    for (int i = tid; i < TC_M * D; i += TC_NT) {
-        const int m = i / D, c = i - m * D;
-        qs[m * 132 + (c >> 5) * 33 + (c & 31)] =
-            m < Mt ? P.q[((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D + c] * P.scale_log2
-                   : 0.0f;
+    static_assert(TC_NT == TC_D, "thread tid stages channel tid of every query vector");
+    {
+        // query vector m = (row m / gq, head m % gq), walked without a division
+        int r = 0, h = 0;
+#pragma unroll
+        for (int m = 0; m < TC_M; m++) {
+            qs[m * TC_QS_M + (tid >> 5) * TC_QS_C + (tid & 31)] =
+                m < Mt ? P.q[((size_t)(S.row_off + r) * P.n_q_heads + kvh * gq + h) * D + tid] * P.scale_log2
+                       : 0.0f;
+            if (++h == gq) {
+                h = 0;
+                r++;
+            }
+        }
     }
     // The units this chunk can touch, [ua, ua + n_tab), and their block ids
     // (read once here, not per slice: a dependent global load per slice
@@ -188,6 +227,9 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
 
     // ---- the warp's items: 32-token slices, the pre-quantized group twice ----
     const int spu = G / 32;
+    // slice k -> (k / spu, k % spu): a shift and a mask for G = 32 * 2^n
+    const bool spu2 = (spu & (spu - 1)) == 0;
+    const int lspu = __ffs(spu) - 1;
     const int n_sl = (P.inv ? P.upc : u1 - u0) * spu;
     const int k0 = warp * n_sl / TC_NW, k1 = (warp + 1) * n_sl / TC_NW;
     // Row-invariant with a pre-quantized C_F1: the slices of group nq come
@@ -215,10 +257,11 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         } else {
             k = k0 + j - (dhi - dlo);
         }
-        it.t0 = (k % spu) * 32;
+        const int kq = spu2 ? k >> lspu : k / spu;
+        it.t0 = (k - kq * spu) * 32;
         int u;
         if (P.inv) {
-            const int gi = chunk * P.upc + k / spu;
+            const int gi = chunk * P.upc + kq;
             if (gi * G >= pos_end) {
                 it.tl = 0;
                 it.u = -1;
@@ -229,7 +272,7 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
             u = gi < nq ? gi : gi + pq;
             if (pq && gi == nq) u = nq + rep;
         } else {
-            u = u0 + k / spu;
+            u = u0 + kq;
         }
         it.u = u;
         if (u < nq + pq) {
@@ -248,34 +291,37 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         return it;
     };
     // Issues the cp.async copies of item j into its ring slot (quantized items only).
+    // Plane rows of (layer, blk, kvh) start at ((hb*2 + kv)*G + token)*RB with
+    // hb = (layer*n_qblocks + blk)*n_kv_heads + kvh (nb_kv_plane_offset), its
+    // scales record at hb*(2D + 2G) elements (nb_kv_scales_offset). Lane x of
+    // copy i moves bytes 16(x + 32i) of the 32 rows: row (x >> 2) + 8i, chunk
+    // x & 3, so its shared offset is tc_sw(lane >> 2, lane & 3) + 512i.
+    const size_t hb_layer = (size_t)P.layer * lay.n_qblocks;
+    const int sw_lane = tc_sw(lane >> 2, lane & 3);
+    const int rec_bytes = (2 * D + 2 * G) * (int)sizeof(T);
     auto issue = [&](int j) {
         if (j < n_items) {
             const item it = get_item(j);
             if (!it.fp && it.tl > 0) {
                 uint8_t *st = ring + (j % C::NS) * C::stage;
-                const uint8_t *ku = P.upper + nb_kv_plane_offset(&lay, P.layer, it.blk, kvh, 0, it.t0);
-                const uint8_t *vu = P.upper + nb_kv_plane_offset(&lay, P.layer, it.blk, kvh, 1, it.t0);
+                const size_t hb = (hb_layer + it.blk) * lay.n_kv_heads + kvh;
+                const size_t krow = (hb * 2 * G + it.t0) * RB + lane * 16, vrow = krow + (size_t)G * RB;
+                const uint8_t *ku = P.upper + krow, *vu = P.upper + vrow;
 #pragma unroll
                 for (int i = 0; i < 4; i++) { // 128 16-byte chunks per plane
-                    const int x = lane + 32 * i, r = x >> 2, c = x & 3;
-                    cp_async16(st + C::o_ku + tc_sw(r, c), ku + r * RB + c * 16);
-                    cp_async16(st + C::o_vu + tc_sw(r, c), vu + r * RB + c * 16);
+                    cp_async16(st + C::o_ku + sw_lane + 512 * i, ku + 512 * i);
+                    cp_async16(st + C::o_vu + sw_lane + 512 * i, vu + 512 * i);
                     if (TGT) {
-                        const uint8_t *kl = P.lower + nb_kv_plane_offset(&lay, P.layer, it.blk, kvh, 0, it.t0);
-                        const uint8_t *vl = P.lower + nb_kv_plane_offset(&lay, P.layer, it.blk, kvh, 1, it.t0);
-                        cp_async16(st + C::o_kl + tc_sw(r, c), kl + r * RB + c * 16);
-                        cp_async16(st + C::o_vl + tc_sw(r, c), vl + r * RB + c * 16);
+                        cp_async16(st + C::o_kl + sw_lane + 512 * i, P.lower + krow + 512 * i);
+                        cp_async16(st + C::o_vl + sw_lane + 512 * i, P.lower + vrow + 512 * i);
                     }
                 }
-                const T *sc = (const T *)P.scales;
-                const uint8_t *ks = (const uint8_t *)(sc + nb_kv_scales_offset(&lay, P.layer, it.blk, kvh, NB_KV_K_SCALE));
-                cp_async16(st + C::o_ks + lane * 16, ks + lane * 16); // K scale + zero: 512 B
-                if (lane < 4) {
-                    const uint8_t *vs = (const uint8_t *)(sc + nb_kv_scales_offset(&lay, P.layer, it.blk, kvh, NB_KV_V_SCALE) + it.t0);
-                    cp_async16(st + C::o_vs + lane * 16, vs + lane * 16);
-                } else if (lane < 8) {
-                    const uint8_t *vz = (const uint8_t *)(sc + nb_kv_scales_offset(&lay, P.layer, it.blk, kvh, NB_KV_V_ZERO) + it.t0);
-                    cp_async16(st + C::o_vz + (lane - 4) * 16, vz + (lane - 4) * 16);
+                const uint8_t *rec = P.scales + hb * rec_bytes;
+                cp_async16(st + C::o_ks + lane * 16, rec + lane * 16); // K scale + zero: 512 B
+                if (lane < 8) { // V scale (lanes 0-3) and V zero (4-7) of the slice's 32 tokens
+                    const int part = lane >> 2;
+                    cp_async16(st + C::o_vs + lane * 16,
+                               rec + (2 * D + part * G + it.t0) * (int)sizeof(T) + (lane & 3) * 16);
                 }
             }
         }
@@ -317,31 +363,50 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
             // ---- q * S_c (and q.Z) when the unit changes ----
             if (it.u != cur_u) {
                 cur_u = it.u;
-                const float *qrow = qs + g8 * 132 + t4 * 33;
+                // Word w (channels 8w..8w+7 of the lane's chunk t) at a
+                // time: 16-byte reads of q, the K steps and zeros; flat half2
+                // f = 4w + j pairs two channels of that word (kpair).
+                const float *qrow = qs + g8 * TC_QS_M + t4 * TC_QS_C;
                 float qzp = 0.0f;
 #pragma unroll
-                for (int f = 0; f < 16; f++) {
-                    int2 cp;
-                    float a, b;
-                    if (it.fp) {
-                        cp = kpair<2>(f);
-                        a = qrow[cp.x];
-                        b = qrow[cp.y];
-                    } else {
-                        cp = TGT ? kpair<1>(f) : kpair<0>(f);
-                        const T *ks = (const T *)(st + C::o_ks) + 32 * t4;
-                        const T *kz = ks + D;
-                        const float m16 = TGT ? 0.0625f : 1.0f;
-                        const float qa = qrow[cp.x], qb = qrow[cp.y];
-                        a = qa * (ldf<T>(ks + cp.x) * m16);
-                        b = qb * (ldf<T>(ks + cp.y) * m16);
-                        qzp = fmaf(qa, ldf<T>(kz + cp.x), qzp);
-                        qzp = fmaf(qb, ldf<T>(kz + cp.y), qzp);
+                for (int w = 0; w < 4; w++) {
+                    const float4 q0 = *(const float4 *)(qrow + 8 * w), q1 = *(const float4 *)(qrow + 8 * w + 4);
+                    float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                    if (!it.fp) { // q.Z, then q * S (in place)
+                        const uint4 kzw = *(const uint4 *)(st + C::o_ks + (D + 32 * t4 + 8 * w) * 2);
+                        const uint32_t zw[4] = {kzw.x, kzw.y, kzw.z, kzw.w};
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const float2 z = t2_f2<T>(zw[i]);
+                            qzp = fmaf(qv[2 * i], z.x, qzp);
+                            qzp = fmaf(qv[2 * i + 1], z.y, qzp);
+                        }
+                        const uint4 ksw = *(const uint4 *)(st + C::o_ks + (32 * t4 + 8 * w) * 2);
+                        const uint32_t kw[4] = {ksw.x, ksw.y, ksw.z, ksw.w};
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const float2 k = t2_f2<T>(kw[i]);
+                            qv[2 * i] *= k.x * (TGT ? 0.0625f : 1.0f);
+                            qv[2 * i + 1] *= k.y * (TGT ? 0.0625f : 1.0f);
+                        }
                     }
-                    const __half2 hi = __floats2half2_rn(a, b);
-                    const float2 hf = __half22float2(hi);
-                    qh[f] = h2u(hi);
-                    ql[f] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        const int f = 4 * w + jj;
+                        float a, b;
+                        if (it.fp) {
+                            a = qv[2 * jj]; // kpair<2>(f) = (2f, 2f + 1)
+                            b = qv[2 * jj + 1];
+                        } else {
+                            const int2 cp = TGT ? kpair<1>(f) : kpair<0>(f);
+                            a = qv[cp.x - 8 * w]; // channels within the word
+                            b = qv[cp.y - 8 * w];
+                        }
+                        const __half2 hi = __floats2half2_rn(a, b);
+                        const float2 hf = __half22float2(hi);
+                        qh[f] = h2u(hi);
+                        ql[f] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                    }
                 }
                 qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
                 qzp += __shfl_xor_sync(0xffffffffu, qzp, 2);
@@ -425,6 +490,51 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                 }
             float pw[2][4]; // weights (unscaled), same layout as sc
             const bool full = it.tl == 32 && it.rmask == 0 && it.upos + it.t0 + 31 <= S.pos0;
+            if (full) {
+                // A slice every row sees whole (warp-uniform): no masks, and
+                // the accumulators are rescaled only when some running max
+                // moved (alpha == 1 otherwise, so skipping is exact).
+                float alpha[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float cm = -INFINITY;
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            const float s = sc[mt][2 * rr + h] + (it.fp ? 0.0f : qz[h]);
+                            sc[mt][2 * rr + h] = s;
+                            cm = fmaxf(cm, s);
+                        }
+                    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
+                    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
+                    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
+                    const float mnew = fmaxf(mrun[h], cm);
+                    alpha[h] = ex2_ftz(mrun[h] - mnew); // 0 on the first slice (mrun = -inf)
+                    mrun[h] = mnew;
+                    float ls = 0.0f, zs = 0.0f;
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            const float p = ex2_ftz(sc[mt][2 * rr + h] - mnew);
+                            ls += p;
+                            zs = fmaf(p, vze[mt][rr], zs);
+                            pw[mt][2 * rr + h] = p * vst[mt][rr];
+                        }
+                    lsum[h] = fmaf(lsum[h], alpha[h], ls);
+                    zsum[h] = fmaf(zsum[h], alpha[h], zs);
+                }
+                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                    for (int b = 0; b < 8; b++) {
+                        acc[b][0] *= alpha[0];
+                        acc[b][2] *= alpha[0];
+                        acc[b][1] *= alpha[1];
+                        acc[b][3] *= alpha[1];
+                    }
+                }
+            } else
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float cm = -INFINITY;
@@ -434,10 +544,8 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
 #pragma unroll
                     for (int rr = 0; rr < 2; rr++) {
                         const int r = 16 * mt + g8 + 8 * rr;
-                        // A slice every row sees whole needs no mask (padding
-                        // columns then hold finite values nobody reads).
-                        bool ok = full || (qok[h] && r < it.tl && it.upos + it.t0 + r <= qpos[h]);
-                        if (!full && it.rmask) ok = ok && (qpre[h] == (it.rmask == 1));
+                        bool ok = qok[h] && r < it.tl && it.upos + it.t0 + r <= qpos[h];
+                        if (it.rmask) ok = ok && (qpre[h] == (it.rmask == 1));
                         okv[mt][rr] = ok;
                         const float s = ok ? sc[mt][2 * rr + h] + (it.fp ? 0.0f : qz[h]) : -INFINITY;
                         sc[mt][2 * rr + h] = s;
@@ -506,9 +614,9 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                                 for (int k = 0; k < 4; k++) {
                                     const uint32_t sk = (uint32_t)(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12));
                                     av[4 * w + k][2 * kh + 0] =
-                                        hsub_const((__byte_perm(ea, eb, sk) & 0x00ff00ffu) | H1024, H1032);
+                                        hsub_const(and_or1024<0x00ff00ffu>(__byte_perm(ea, eb, sk)), H1032);
                                     av[4 * w + k][2 * kh + 1] =
-                                        hsub_const((__byte_perm(oa, ob, sk) & 0x00ff00ffu) | H1024, H1032);
+                                        hsub_const(and_or1024<0x00ff00ffu>(__byte_perm(oa, ob, sk)), H1032);
                                 }
                             }
                         } else {
@@ -521,10 +629,10 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                                     const uint32_t x = __byte_perm(wa[w], wb[w], hb ? 0x7632u : 0x5410u);
                                     const uint32_t y = x >> 8;
                                     const int b = 4 * w + 2 * hb;
-                                    av[b][2 * kh] = hsub_const((x & 0x000f000fu) | H1024, H1024);
-                                    av[b][2 * kh + 1] = h2u(__hfma2(u2h((x & 0x00f000f0u) | H1024), k16, km64));
-                                    av[b + 1][2 * kh] = hsub_const((y & 0x000f000fu) | H1024, H1024);
-                                    av[b + 1][2 * kh + 1] = h2u(__hfma2(u2h((y & 0x00f000f0u) | H1024), k16, km64));
+                                    av[b][2 * kh] = hsub_const(and_or1024<0x000f000fu>(x), H1024);
+                                    av[b][2 * kh + 1] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(x)), k16, km64));
+                                    av[b + 1][2 * kh] = hsub_const(and_or1024<0x000f000fu>(y), H1024);
+                                    av[b + 1][2 * kh + 1] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(y)), k16, km64));
                                 }
                             }
                         }
@@ -575,7 +683,7 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int h = i & 1, m = 2 * t4 + h, c = 16 * g8 + 2 * b + (i >> 1);
-            mo[(warp * TC_M + m) * D + c] = acc[b][i] + zsum[h];
+            mo[(warp * TC_M + m) * D + mo_col<true>(m, c)] = acc[b][i] + zsum[h];
         }
     if (g8 == 0) {
 #pragma unroll
@@ -585,5 +693,5 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         }
     }
     __syncthreads();
-    dec_cta_merge<TC_NW, TC_M, D>(P, S, seq, chunk, kvh, Mt, mo, mlp);
+    dec_cta_merge<TC_NW, TC_M, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
 }
