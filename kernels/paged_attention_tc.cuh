@@ -109,15 +109,19 @@ template <uint32_t M> __device__ __forceinline__ uint32_t and_or1024(uint32_t x)
     return d;
 }
 
-// Four half2 of exact U values (0..15) from a word of 8 upper nibbles.
-// Pairs: (c0,c4) (c1,c5) (c2,c6) (c3,c7) of the word's 8 channels.
+// Four half2 of upper nibbles from a word of 8, as f16 subnormals (no
+// exponent bits: the value is the mantissa times 2^-24, exact, and the
+// tensor cores take subnormal inputs as they are). h[0] = (c0, c4) and
+// h[1] = (c2, c6) are U * 2^-24 (low nibbles), h[2] = (c1, c5) and h[3] =
+// (c3, c7) are 16U * 2^-24 (high nibbles, left in place): k-step 2w of a
+// word w takes the first two, k-step 2w + 1 the last two, so each
+// accumulator chain holds one scale (undone once per slice).
 __device__ __forceinline__ void draft_k4(uint32_t u, uint32_t (&h)[4]) {
-    const __half2 k16 = __float2half2_rn(0.0625f), km64 = __float2half2_rn(-64.0f);
-    h[0] = hsub_const(and_or1024<0x000f000fu>(u), H1024);
-    h[1] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(u)), k16, km64));
     const uint32_t s = u >> 8;
-    h[2] = hsub_const(and_or1024<0x000f000fu>(s), H1024);
-    h[3] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(s)), k16, km64));
+    h[0] = u & 0x000f000fu;
+    h[1] = s & 0x000f000fu;
+    h[2] = u & 0x00f000f0u;
+    h[3] = s & 0x00f000f0u;
 }
 
 // Even / odd channel codes 16U + Lstored (0..255) of a word pair, one byte each.
@@ -141,7 +145,7 @@ __device__ __forceinline__ void target_k4(uint32_t u, uint32_t l, uint32_t (&h)[
 // The two channels (within a 32-channel chunk) of flat half2 f (0..15).
 template <int KIND> __device__ __forceinline__ int2 kpair(int f) {
     const int w = f >> 2, j = f & 3;
-    if (KIND == 0) return make_int2(8 * w + j, 8 * w + j + 4);                 // draft codes
+    if (KIND == 0) return make_int2(8 * w + 2 * (j & 1) + (j >> 1), 8 * w + 2 * (j & 1) + (j >> 1) + 4); // draft codes
     if (KIND == 1) return make_int2(8 * w + (j & 1) + 4 * (j >> 1), 8 * w + (j & 1) + 4 * (j >> 1) + 2); // target codes
     return make_int2(2 * f, 2 * f + 1);                                         // FP values
 }
@@ -199,15 +203,16 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
+    // Thread tid loads channel tid of every query vector now and stages it
+    // after the first copies are issued, so the two latencies overlap.
     static_assert(TC_NT == TC_D, "thread tid stages channel tid of every query vector");
+    float qreg[TC_M];
     {
         // query vector m = (row m / gq, head m % gq), walked without a division
         int r = 0, h = 0;
 #pragma unroll
         for (int m = 0; m < TC_M; m++) {
-            qs[m * TC_QS_M + (tid >> 5) * TC_QS_C + (tid & 31)] =
-                m < Mt ? P.q[((size_t)(S.row_off + r) * P.n_q_heads + kvh * gq + h) * D + tid] * P.scale_log2
-                       : 0.0f;
+            qreg[m] = m < Mt ? P.q[((size_t)(S.row_off + r) * P.n_q_heads + kvh * gq + h) * D + tid] : 0.0f;
             if (++h == gq) {
                 h = 0;
                 r++;
@@ -351,6 +356,9 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
 
 #pragma unroll 1
     for (int j = 0; j < C::NS - 1; j++) issue(j);
+#pragma unroll
+    for (int m = 0; m < TC_M; m++) qs[m * TC_QS_M + (tid >> 5) * TC_QS_C + (tid & 31)] = qreg[m] * P.scale_log2;
+    __syncthreads(); // q staged for every warp
 
 #pragma unroll 1
     for (int j = 0; j < n_items; j++) {
@@ -470,7 +478,13 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                     mma16816(ch[2 + (s & 1)], a, ql[2 * s], ql[2 * s + 1]);
                 }
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[mt][i] = (ch[0][i] + ch[1][i]) + (ch[2][i] + ch[3][i]);
+                for (int i = 0; i < 4; i++) {
+                    if (TGT || it.fp) {
+                        sc[mt][i] = (ch[0][i] + ch[1][i]) + (ch[2][i] + ch[3][i]);
+                    } else { // even k-steps: U * 2^-24, odd: 16U * 2^-24 (draft_k4)
+                        sc[mt][i] = fmaf(ch[1][i] + ch[3][i], 1048576.0f, (ch[0][i] + ch[2][i]) * 16777216.0f);
+                    }
+                }
             }
 
             // ---- mask, online softmax per query vector (column) ----
