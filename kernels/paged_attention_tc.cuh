@@ -132,14 +132,15 @@ __device__ __forceinline__ uint32_t codes_odd(uint32_t u, uint32_t l) {
     return (u & 0xf0f0f0f0u) | ((l >> 4) & 0x0f0f0f0fu);
 }
 
-// Four half2 of exact C8 = 16U + L (-8..247) from a word pair of both planes.
-// Pairs: (c0,c2) (c1,c3) (c4,c6) (c5,c7).
+// Four half2 of C8 + 8 = 16U + Lstored (0..255) from a word pair of both
+// planes, as f16 subnormals ((C8 + 8) * 2^-24, exact; the -8 is a q term
+// per block). Pairs: (c0,c2) (c1,c3) (c4,c6) (c5,c7).
 __device__ __forceinline__ void target_k4(uint32_t u, uint32_t l, uint32_t (&h)[4]) {
     const uint32_t e = codes_even(u, l), o = codes_odd(u, l);
-    h[0] = hsub_const(__byte_perm(e, 0x64646464u, 0x4140), H1032);
-    h[1] = hsub_const(__byte_perm(o, 0x64646464u, 0x4140), H1032);
-    h[2] = hsub_const(__byte_perm(e, 0x64646464u, 0x4342), H1032);
-    h[3] = hsub_const(__byte_perm(o, 0x64646464u, 0x4342), H1032);
+    h[0] = __byte_perm(e, 0u, 0x4140);
+    h[1] = __byte_perm(o, 0u, 0x4140);
+    h[2] = __byte_perm(e, 0u, 0x4342);
+    h[3] = __byte_perm(o, 0u, 0x4342);
 }
 
 // The two channels (within a 32-channel chunk) of flat half2 f (0..15).
@@ -414,6 +415,7 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                         const float2 hf = __half22float2(hi);
                         qh[f] = h2u(hi);
                         ql[f] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                        if (TGT && !it.fp) qzp = fmaf(-8.0f, a + b, qzp); // the -8 of C8 = (C8 + 8) - 8
                     }
                 }
                 qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
@@ -479,8 +481,10 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                 }
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    if (TGT || it.fp) {
+                    if (it.fp) {
                         sc[mt][i] = (ch[0][i] + ch[1][i]) + (ch[2][i] + ch[3][i]);
+                    } else if (TGT) { // (C8 + 8) * 2^-24 (target_k4)
+                        sc[mt][i] = ((ch[0][i] + ch[1][i]) + (ch[2][i] + ch[3][i])) * 16777216.0f;
                     } else { // even k-steps: U * 2^-24, odd: 16U * 2^-24 (draft_k4)
                         sc[mt][i] = fmaf(ch[1][i] + ch[3][i], 1048576.0f, (ch[0][i] + ch[2][i]) * 16777216.0f);
                     }
