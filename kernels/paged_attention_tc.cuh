@@ -6,7 +6,10 @@
 // and query vector, so with 4 query heads per kv head (Llama-3) or the
 // half-byte draft view it is bound by the FMA pipe, not by memory. Here
 // both products run on mma.sync m16n8k16 (f16 in, f32 accumulate) with the
-// nibble codes turned into exact f16 integers in registers:
+// codes turned into exact f16 values in registers: K codes as subnormals
+// (code * 2^-24 from a mask or a byte permute, the scale undone once per
+// slice; draft_k4, target_k4), V codes as f16 integers (1024 + code, minus
+// 1024: FP-block slices share the P.V accumulators, so no per-row scale):
 //   scores^T [16 tokens x 8 query vectors] = K codes [16 x D] . (q*S_c)^T
 //   out^T    [16 channels x 8 query vecs ] = V codes^T [16 x 16 tokens] . (p*S_t)^T
 // The per-channel K steps S_c fold into q once per block (as in the scalar
