@@ -721,6 +721,16 @@ int main(void) {
     test_attention(NB_DTYPE_BF16, 96, 64, 4, NB_PA_DRAFT, 1, 64);
     test_attention(NB_DTYPE_F16, 256, 64, 2, NB_PA_TARGET, 1, 64);
     test_attention(NB_DTYPE_F16, 128, 64, 8, NB_PA_DRAFT, 1, 64); // 16 rows x 8 heads: 2 m-tiles
+    // The tensor-core kernel at other group sizes: 256 (8 slices per block,
+    // the shift path) and 96 (3 slices, the division path of its slice ->
+    // block split), batch-tuned and row-invariant.
+    setenv("NB_PA_TC", "1", 1);
+    for (int md = 0; md < 2; md++) {
+        test_attention(NB_DTYPE_F16, 128, 256, 4, modes[md], 1, 64);
+        test_attention(NB_DTYPE_BF16, 128, 96, 4, modes[md], 1, 64);
+        test_attention(NB_DTYPE_F16, 128, 96, 2, modes[md], 1, 64, 2);
+    }
+    unsetenv("NB_PA_TC");
 
     // Row-invariant split (the GPU engine's decode/draft/verify path), with
     // the built-in kernel choice and with each decode kernel forced.
