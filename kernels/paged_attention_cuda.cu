@@ -800,11 +800,6 @@ __device__ __forceinline__ size_t dec_pidx(const pa_kp &P, int seq, int chunk, i
     return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
 }
 
-// The NW warps of a decode CTA merge their partials (both decode kernels):
-// mo [NW][M][D] unnormalized outputs and mlp [NW][M][2] (max, sum) in shared
-// memory, written before a __syncthreads. Writes the normalized output when
-// the call has one batch-tuned chunk, else the chunk's partial for
-// pa_merge_kernel. Merged in a fixed warp order (deterministic).
 // Where channel c of query vector m sits in a row of mo: c itself, or for
 // the tensor-core kernel (SWZ) c with bits 0-3 XOR-ed by (c >> 5) & 3 and
 // (m >> 1) & 3, so that its fragment-order stores hit 32 distinct banks
@@ -813,6 +808,12 @@ template <bool SWZ> __device__ __forceinline__ int mo_col(int m, int c) {
     return SWZ ? c ^ ((((c >> 5) & 3) << 2) | ((m >> 1) & 3)) : c;
 }
 
+// The NW warps of a decode CTA merge their partials (both decode kernels):
+// mo [NW][M][D] unnormalized outputs (columns placed by mo_col<SWZ>) and
+// mlp [NW][M][2] (max, sum) in shared memory, written before a
+// __syncthreads. Writes the normalized output when the call has one
+// batch-tuned chunk, else the chunk's partial for pa_merge_kernel. Merged
+// in a fixed warp order (deterministic).
 template <int NW, int M, int D, bool SWZ = false>
 __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
                                               int Mt, const float *mo, const float *mlp) {
