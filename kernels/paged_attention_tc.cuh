@@ -510,20 +510,30 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                     }
                 }
             float pw[2][4]; // weights (unscaled), same layout as sc
-            const bool full = it.tl == 32 && it.rmask == 0 && it.upos + it.t0 + 31 <= S.pos0;
-            if (full) {
-                // A slice every row sees whole (warp-uniform): no masks, and
-                // the accumulators are rescaled only when some running max
-                // moved (alpha == 1 otherwise, so skipping is exact).
+            // One online-softmax step per query vector (column) h. MASK: the
+            // causal / length / C_F1 row masks; a slice every row sees whole
+            // (warp-uniform `full`) runs without them. The accumulators are
+            // rescaled only when some running max moved (alpha == 1
+            // otherwise, so skipping is exact).
+            auto softmax = [&](auto masked) {
+                constexpr bool MASK = decltype(masked)::value;
                 float alpha[2];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     float cm = -INFINITY;
+                    bool okv[2][2];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                         for (int rr = 0; rr < 2; rr++) {
-                            const float s = sc[mt][2 * rr + h] + (it.fp ? 0.0f : qz[h]);
+                            bool ok = true;
+                            if constexpr (MASK) {
+                                const int r = 16 * mt + g8 + 8 * rr;
+                                ok = qok[h] && r < it.tl && it.upos + it.t0 + r <= qpos[h];
+                                if (it.rmask) ok = ok && (qpre[h] == (it.rmask == 1));
+                            }
+                            okv[mt][rr] = ok;
+                            const float s = ok ? sc[mt][2 * rr + h] + (it.fp ? 0.0f : qz[h]) : -INFINITY;
                             sc[mt][2 * rr + h] = s;
                             cm = fmaxf(cm, s);
                         }
@@ -531,17 +541,19 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                     cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
                     cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
                     const float mnew = fmaxf(mrun[h], cm);
-                    alpha[h] = ex2_ftz(mrun[h] - mnew); // 0 on the first slice (mrun = -inf)
+                    // 0 on a column's first scores (mrun = -inf); 1 while a
+                    // masked column has seen nothing (mnew = -inf)
+                    alpha[h] = (MASK && mnew == -INFINITY) ? 1.0f : ex2_ftz(mrun[h] - mnew);
                     mrun[h] = mnew;
                     float ls = 0.0f, zs = 0.0f;
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                         for (int rr = 0; rr < 2; rr++) {
-                            const float p = ex2_ftz(sc[mt][2 * rr + h] - mnew);
+                            const float p = okv[mt][rr] ? ex2_ftz(sc[mt][2 * rr + h] - mnew) : 0.0f;
                             ls += p;
-                            zs = fmaf(p, vze[mt][rr], zs);
-                            pw[mt][2 * rr + h] = p * vst[mt][rr];
+                            if (okv[mt][rr]) zs = fmaf(p, vze[mt][rr], zs); // unused slots may hold NaN
+                            pw[mt][2 * rr + h] = okv[mt][rr] ? p * vst[mt][rr] : 0.0f;
                         }
                     lsum[h] = fmaf(lsum[h], alpha[h], ls);
                     zsum[h] = fmaf(zsum[h], alpha[h], zs);
@@ -555,46 +567,11 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
                         acc[b][3] *= alpha[1];
                     }
                 }
-            } else
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float cm = -INFINITY;
-                bool okv[2][2];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        const int r = 16 * mt + g8 + 8 * rr;
-                        bool ok = qok[h] && r < it.tl && it.upos + it.t0 + r <= qpos[h];
-                        if (it.rmask) ok = ok && (qpre[h] == (it.rmask == 1));
-                        okv[mt][rr] = ok;
-                        const float s = ok ? sc[mt][2 * rr + h] + (it.fp ? 0.0f : qz[h]) : -INFINITY;
-                        sc[mt][2 * rr + h] = s;
-                        cm = fmaxf(cm, s);
-                    }
-                cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
-                cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
-                cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
-                const float mnew = fmaxf(mrun[h], cm);
-                const float alpha = mnew == -INFINITY ? 1.0f : exp2f(mrun[h] - mnew);
-                mrun[h] = mnew;
-                float ls = 0.0f, zs = 0.0f;
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        const float p = okv[mt][rr] ? exp2f(sc[mt][2 * rr + h] - mnew) : 0.0f;
-                        ls += p;
-                        if (okv[mt][rr]) zs = fmaf(p, vze[mt][rr], zs); // unused slots may hold NaN
-                        pw[mt][2 * rr + h] = okv[mt][rr] ? p * vst[mt][rr] : 0.0f;
-                    }
-                lsum[h] = fmaf(lsum[h], alpha, ls);
-                zsum[h] = fmaf(zsum[h], alpha, zs);
-#pragma unroll
-                for (int b = 0; b < 8; b++) {
-                    acc[b][h] *= alpha;
-                    acc[b][2 + h] *= alpha;
-                }
+            };
+            if (it.tl == 32 && it.rmask == 0 && it.upos + it.t0 + 31 <= S.pos0) {
+                softmax(std::false_type{});
+            } else {
+                softmax(std::true_type{});
             }
 
             // ---- out^T += V^T . P'^T, one 16-token k-step per score tile ----

@@ -28,14 +28,7 @@
 
 #include "paged_attention_cuda.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "../nb_cuda_check.h"
 
 __global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -104,34 +97,34 @@ int main(int argc, char **argv) {
         return 77;
     }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
 
     // ---- measured peak: device-to-device copy, bytes read + written ----
     const size_t copy_bytes = (size_t)1 << 30;
     void *ca, *cb;
-    CK(cudaMalloc(&ca, copy_bytes));
-    CK(cudaMalloc(&cb, copy_bytes));
-    CK(cudaMemset(ca, 1, copy_bytes));
+    CUDA_OK(cudaMalloc(&ca, copy_bytes));
+    CUDA_OK(cudaMalloc(&cb, copy_bytes));
+    CUDA_OK(cudaMemset(ca, 1, copy_bytes));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
     std::vector<float> ct;
     for (int i = 0; i < 13; i++) {
-        CK(cudaEventRecord(e0));
-        CK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
+        CUDA_OK(cudaEventRecord(e0));
+        CUDA_OK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice));
+        CUDA_OK(cudaEventRecord(e1));
+        CUDA_OK(cudaEventSynchronize(e1));
         float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
         if (i >= 3) ct.push_back(ms);
     }
     const double peak = 2.0 * copy_bytes / (median(ct) * 1e-3) / 1e9;
-    CK(cudaFree(ca));
-    CK(cudaFree(cb));
+    CUDA_OK(cudaFree(ca));
+    CUDA_OK(cudaFree(cb));
 
     const size_t flush_bytes = (size_t)prop.l2CacheSize * 2;
     void *flush;
-    CK(cudaMalloc(&flush, flush_bytes));
+    CUDA_OK(cudaMalloc(&flush, flush_bytes));
 
     // ---- pools sized for the largest case, one layer ----
     const int D = 128, G = 128, Hq = 32;
@@ -148,31 +141,31 @@ int main(int argc, char **argv) {
     size_t pb = nb_kv_plane_bytes(&lay), sb = nb_kv_scales_bytes(&lay), fb = nb_kv_fp_bytes(&lay);
     printf("<!-- device %s, %d SMs, L2 %d MB; pools: planes 2 x %.2f GB, scales %.2f GB, fp %.2f GB -->\n",
            prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, pb / 1e9, sb / 1e9, fb / 1e9);
-    CK(cudaMalloc(&pools.upper, pb));
-    CK(cudaMalloc(&pools.lower, pb));
-    CK(cudaMalloc(&pools.scales, sb));
-    CK(cudaMalloc(&pools.fp, fb));
+    CUDA_OK(cudaMalloc(&pools.upper, pb));
+    CUDA_OK(cudaMalloc(&pools.lower, pb));
+    CUDA_OK(cudaMalloc(&pools.scales, sb));
+    CUDA_OK(cudaMalloc(&pools.fp, fb));
     fill_bytes<<<4096, 256>>>((uint8_t *)pools.upper, pb, 1u);
     fill_bytes<<<4096, 256>>>((uint8_t *)pools.lower, pb, 2u);
     // scales in [0.01, 0.1) and zeros in [-1, 0): the record mixes both, so
     // fill all with small positive values, good enough for timing.
     fill_half<<<4096, 256>>>((__half *)pools.scales, sb / 2, 0.01f, 0.1f, 3u);
     fill_half<<<4096, 256>>>((__half *)pools.fp, fb / 2, -2.0f, 2.0f, 4u);
-    CK(cudaGetLastError());
+    CUDA_OK(cudaGetLastError());
 
     float *dq, *dout;
-    CK(cudaMalloc(&dq, sizeof(float) * max_b * Hq * D));
-    CK(cudaMalloc(&dout, sizeof(float) * max_b * Hq * D));
+    CUDA_OK(cudaMalloc(&dq, sizeof(float) * max_b * Hq * D));
+    CUDA_OK(cudaMalloc(&dout, sizeof(float) * max_b * Hq * D));
     fill_float<<<64, 256>>>(dq, (size_t)max_b * Hq * D, 5u);
     const int max_chunks = 128;
     size_t wsb = nb_pa_workspace_size(max_b, 1, Hq, D, max_chunks);
     void *ws;
-    CK(cudaMalloc(&ws, wsb));
+    CUDA_OK(cudaMalloc(&ws, wsb));
     nb_pa_seq *dseqs;
     int32_t *dqt, *dft;
-    CK(cudaMalloc(&dseqs, sizeof(nb_pa_seq) * max_b));
-    CK(cudaMalloc(&dqt, sizeof(int32_t) * lay.n_qblocks));
-    CK(cudaMalloc(&dft, sizeof(int32_t) * lay.n_fpblocks));
+    CUDA_OK(cudaMalloc(&dseqs, sizeof(nb_pa_seq) * max_b));
+    CUDA_OK(cudaMalloc(&dqt, sizeof(int32_t) * lay.n_qblocks));
+    CUDA_OK(cudaMalloc(&dft, sizeof(int32_t) * lay.n_fpblocks));
 
     std::vector<int32_t> qperm(lay.n_qblocks), fperm(lay.n_fpblocks);
     for (int i = 0; i < lay.n_qblocks; i++) qperm[i] = i;
@@ -236,10 +229,10 @@ int main(int argc, char **argv) {
                         bytes += (double)hkv * (q.n_qblocks * qbytes + (double)(T - q.n_qblocks * G) * 2 * D * 2);
                         bytes += 2.0 * Hq * D * 4; // q in, out
                     }
-                    CK(cudaMemcpy(dseqs, seqs.data(), sizeof(nb_pa_seq) * B, cudaMemcpyHostToDevice));
+                    CUDA_OK(cudaMemcpy(dseqs, seqs.data(), sizeof(nb_pa_seq) * B, cudaMemcpyHostToDevice));
                     if (!qt.empty())
-                        CK(cudaMemcpy(dqt, qt.data(), 4 * qt.size(), cudaMemcpyHostToDevice));
-                    CK(cudaMemcpy(dft, ft.data(), 4 * ft.size(), cudaMemcpyHostToDevice));
+                        CUDA_OK(cudaMemcpy(dqt, qt.data(), 4 * qt.size(), cudaMemcpyHostToDevice));
+                    CUDA_OK(cudaMemcpy(dft, ft.data(), 4 * ft.size(), cudaMemcpyHostToDevice));
                     nb_pa_args a;
                     memset(&a, 0, sizeof(a));
                     a.lay = l;
@@ -262,20 +255,20 @@ int main(int argc, char **argv) {
                     a.max_chunks = max_chunks;
                     std::vector<float> t;
                     for (int it = 0; it < iters + 3; it++) {
-                        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-                        CK(cudaEventRecord(e0));
+                        CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                        CUDA_OK(cudaEventRecord(e0));
                         nb_status st = nb_pa_attention(&a, 0);
-                        CK(cudaEventRecord(e1));
+                        CUDA_OK(cudaEventRecord(e1));
                         if (st != NB_OK) {
                             fprintf(stderr, "nb_pa_attention: %s\n", nb_status_str(st));
                             return 1;
                         }
-                        CK(cudaEventSynchronize(e1));
+                        CUDA_OK(cudaEventSynchronize(e1));
                         float ms;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
                         if (it >= 3) t.push_back(ms);
                     }
-                    CK(cudaGetLastError());
+                    CUDA_OK(cudaGetLastError());
                     const float ms = median(t);
                     const double gbs = bytes / (ms * 1e-3) / 1e9;
                     printf("| %s | %d | %d | %s | %.4f | %.1f | %.0f | %.1f |\n", models[mi].name, B, ctx,

@@ -10,15 +10,7 @@
 
 #include <cuda_runtime.h>
 
-#define CUDA_OK(call)                                                                   \
-    do {                                                                                \
-        cudaError_t e_ = (call);                                                        \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(e_));                                            \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
+#include "../nb_cuda_check.h"
 
 __device__ __forceinline__ uint32_t hash32(uint64_t i, uint32_t seed) {
     uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;

@@ -29,14 +29,7 @@ extern "C" {
 #include "kv_cache_cuda.h"
 #include "paged_attention_cuda.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "../nb_cuda_check.h"
 
 static int g_fail = 0;
 
@@ -83,10 +76,10 @@ static void pools_alloc(pools_hd *p, const nb_kv_layout *lay) {
     p->h.lower = malloc(p->pb + 1);
     p->h.scales = malloc(p->sb + 1);
     p->h.fp = malloc(p->fb + 1);
-    CK(cudaMalloc(&p->d.upper, p->pb + 16));
-    CK(cudaMalloc(&p->d.lower, p->pb + 16));
-    CK(cudaMalloc(&p->d.scales, p->sb + 16));
-    CK(cudaMalloc(&p->d.fp, p->fb + 16));
+    CUDA_OK(cudaMalloc(&p->d.upper, p->pb + 16));
+    CUDA_OK(cudaMalloc(&p->d.lower, p->pb + 16));
+    CUDA_OK(cudaMalloc(&p->d.scales, p->sb + 16));
+    CUDA_OK(cudaMalloc(&p->d.fp, p->fb + 16));
 }
 static void pools_free(pools_hd *p) {
     free(p->h.upper);
@@ -99,24 +92,24 @@ static void pools_free(pools_hd *p) {
     cudaFree(p->d.fp);
 }
 static void pools_upload(pools_hd *p) {
-    CK(cudaMemcpy(p->d.upper, p->h.upper, p->pb, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(p->d.lower, p->h.lower, p->pb, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(p->d.scales, p->h.scales, p->sb, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(p->d.fp, p->h.fp, p->fb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p->d.upper, p->h.upper, p->pb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p->d.lower, p->h.lower, p->pb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p->d.scales, p->h.scales, p->sb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p->d.fp, p->h.fp, p->fb, cudaMemcpyHostToDevice));
 }
 // A device array of n ints: a copy of h, or (h NULL: an output array)
 // filled with 0x7f7f7f7f so that unwritten entries show.
 static int32_t *dev_ints(const int32_t *h, int n) {
     int32_t *d;
-    CK(cudaMalloc(&d, sizeof(int32_t) * (n > 0 ? n : 1)));
-    if (n > 0 && h) CK(cudaMemcpy(d, h, sizeof(int32_t) * n, cudaMemcpyHostToDevice));
-    else if (n > 0) CK(cudaMemset(d, 0x7f, sizeof(int32_t) * n));
+    CUDA_OK(cudaMalloc(&d, sizeof(int32_t) * (n > 0 ? n : 1)));
+    if (n > 0 && h) CUDA_OK(cudaMemcpy(d, h, sizeof(int32_t) * n, cudaMemcpyHostToDevice));
+    else if (n > 0) CUDA_OK(cudaMemset(d, 0x7f, sizeof(int32_t) * n));
     return d;
 }
 // Compares a device buffer with a host one byte for byte; returns mismatches.
 static size_t cmp_dev(const void *d, const void *h, size_t n, const char *what) {
     uint8_t *t = (uint8_t *)malloc(n + 1);
-    CK(cudaMemcpy(t, d, n, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(t, d, n, cudaMemcpyDeviceToHost));
     size_t bad = 0, first = (size_t)-1;
     for (size_t i = 0; i < n; i++)
         if (t[i] != ((const uint8_t *)h)[i]) {
@@ -178,8 +171,8 @@ static void test_work_items(nb_dtype dt, int D, int G) {
     for (int i = 0; i < 7; i++) want[i] = nb_kv_quantize_block(&lay, &p.h, src[i], dst[i]);
     int32_t *ds = dev_ints(src, 7), *dd = dev_ints(dst, 7), *dst_st = dev_ints(NULL, 7);
     nb_status st = nb_kv_cuda_quantize_blocks(&lay, &p.d, ds, dd, 7, dst_st, 0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(got, dst_st, sizeof(got), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(got, dst_st, sizeof(got), cudaMemcpyDeviceToHost));
     size_t bad = st != NB_OK;
     for (int i = 0; i < 7; i++)
         if (got[i] != want[i]) {
@@ -196,14 +189,14 @@ static void test_work_items(nb_dtype dt, int D, int G) {
     for (int i = 0; i < 3; i++) NB_ASSERT(nb_kv_dequantize_block(&lay, &p.h, qs[i], fs[i]) == NB_OK);
     int32_t *dq = dev_ints(qs, 3), *df = dev_ints(fs, 3);
     if (nb_kv_cuda_dequantize_blocks(&lay, &p.d, dq, df, 3, dst_st, 0) != NB_OK) bad++;
-    CK(cudaDeviceSynchronize());
+    CUDA_OK(cudaDeviceSynchronize());
     bad += cmp_dev(p.d.fp, p.h.fp, p.fb, "dequantize fp");
 
     int32_t cs[4] = {7, 0, 1, 2}, cd[4] = {6, 3, 1, 4}, cn[4] = {G - 1, G, 5, 1 + G / 3};
     for (int i = 0; i < 4; i++) NB_ASSERT(nb_kv_copy_fp_block(&lay, &p.h, cs[i], cd[i], cn[i]) == NB_OK);
     int32_t *dcs = dev_ints(cs, 4), *dcd = dev_ints(cd, 4), *dcn = dev_ints(cn, 4);
     if (nb_kv_cuda_copy_fp_blocks(&lay, &p.d, dcs, dcd, dcn, 4, NULL, 0) != NB_OK) bad++;
-    CK(cudaDeviceSynchronize());
+    CUDA_OK(cudaDeviceSynchronize());
     bad += cmp_dev(p.d.fp, p.h.fp, p.fb, "copy fp");
 
     printf("%s work items %-4s D=%-3d G=%-3d: %s (quantize 7 items, %d rejected as non-finite; "
@@ -322,15 +315,15 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     float *dq, *dout;
     void *ws;
     size_t wsb = nb_pa_workspace_size(n, max_rows, Hq, D, max_chunks);
-    CK(cudaMalloc(&dsq, sizeof(nb_pa_seq) * n));
-    CK(cudaMemcpy(dsq, sq, sizeof(nb_pa_seq) * n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&dsq, sizeof(nb_pa_seq) * n));
+    CUDA_OK(cudaMemcpy(dsq, sq, sizeof(nb_pa_seq) * n, cudaMemcpyHostToDevice));
     int32_t *dqt = dev_ints(qt, nqt), *dft = dev_ints(ft, nft);
     size_t qn = (size_t)total_rows * Hq * D;
-    CK(cudaMalloc(&dq, qn * 4));
-    CK(cudaMalloc(&dout, qn * 4));
-    CK(cudaMalloc(&ws, wsb));
-    CK(cudaMemcpy(dq, q_h, qn * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dout, 0xFF, qn * 4)); // NaN: every output must be written
+    CUDA_OK(cudaMalloc(&dq, qn * 4));
+    CUDA_OK(cudaMalloc(&dout, qn * 4));
+    CUDA_OK(cudaMalloc(&ws, wsb));
+    CUDA_OK(cudaMemcpy(dq, q_h, qn * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xFF, qn * 4)); // NaN: every output must be written
     nb_pa_args a;
     memset(&a, 0, sizeof(a));
     a.lay = p->lay;
@@ -353,8 +346,8 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     a.max_chunks = max_chunks;
     a.fixed_chunk_groups = g_fixed_groups;
     nb_status st = nb_pa_attention(&a, 0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
     cudaFree(dsq); cudaFree(dqt); cudaFree(dft); cudaFree(dq); cudaFree(dout); cudaFree(ws);
     free(sq); free(qt); free(ft);
     return st;
@@ -576,6 +569,10 @@ static void test_real_model(void) {
         g_fail++;
         return;
     }
+    // Prompts and q from a fixed seed, not from wherever the random-data
+    // cases before this one left the generator: adding a case there must
+    // not change this check's data.
+    g_rng = 0x5EED0F3EA1C0FFEEull;
     const nb_model_config *mc = nb_model_get_config(m);
     nb_engine_params ep = nb_engine_default_params();
     ep.quantized_cache = true;
@@ -686,7 +683,7 @@ int main(void) {
         return 77;
     }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
 
     nb_dtype dts[3] = {NB_DTYPE_F16, NB_DTYPE_BF16, NB_DTYPE_F32};

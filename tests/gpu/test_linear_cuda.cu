@@ -42,15 +42,7 @@ extern "C" {
 }
 #include "nb_test.h"
 
-#define CUDA_OK(call)                                                                   \
-    do {                                                                                \
-        cudaError_t e_ = (call);                                                        \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(e_));                                            \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
+#include "../nb_cuda_check.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) { // [0, 1)

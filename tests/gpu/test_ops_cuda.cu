@@ -35,15 +35,7 @@ extern "C" {
 // ------------------------------------------------------------ harness
 static int g_failed = 0;
 
-#define CUDA_CHECK(x)                                                                      \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,                     \
-                    cudaGetErrorString(e_));                                               \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "../nb_cuda_check.h"
 
 #define NB_CHECK(x)                                                                        \
     do {                                                                                   \
@@ -84,23 +76,23 @@ template <typename T> struct dbuf { // device buffer
     T *p = nullptr;
     size_t n = 0;
     explicit dbuf(size_t count) : n(count) {
-        CUDA_CHECK(cudaMalloc((void **)&p, (count ? count : 1) * sizeof(T)));
+        CUDA_OK(cudaMalloc((void **)&p, (count ? count : 1) * sizeof(T)));
     }
     dbuf(const std::vector<T> &h) : dbuf(h.size()) { up(h); }
     ~dbuf() { cudaFree(p); }
     dbuf(const dbuf &) = delete;
     dbuf &operator=(const dbuf &) = delete;
     void up(const std::vector<T> &h) {
-        CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     }
     std::vector<T> down() const {
         std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
         return h;
     }
 };
 
-static void sync() { CUDA_CHECK(cudaDeviceSynchronize()); }
+static void sync() { CUDA_OK(cudaDeviceSynchronize()); }
 
 // Distance in ulps between two floats (ordered-integer mapping; +0 == -0).
 static int64_t ulp_dist(float a, float b) {
@@ -744,8 +736,8 @@ static void test_spec_accept() {
             dbuf<float> dpg(pg), dqg(qg);
             dbuf<int32_t> dprow(prow), dqrow(qrow), dout2((size_t)n * (G + 1)), dn2(n);
             std::vector<int32_t> init((size_t)n * (G + 1), -7);
-            CUDA_CHECK(cudaMemcpy(dout2.p, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
-            CUDA_CHECK(cudaMemcpy(dout.p, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dout2.p, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dout.p, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
             NB_CHECK(nb_cuda_spec_accept(n, G, V, dgam.p, dp.p, dq.p, ddraft.p, dseed.p, dc0.p,
                                          dout.p, dn.p, 0));
             NB_CHECK(nb_cuda_spec_accept_rows(n, G, V, dgam.p, dpg.p, dprow.p, dqg.p, dqrow.p,
@@ -822,8 +814,8 @@ static void test_spec_accept() {
 // Figures for the log only; never a failure.
 static void report_timings() {
     cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
     float ms;
     {
         const int n = 64, d = 4096;
@@ -831,11 +823,11 @@ static void report_timings() {
         std::vector<float> w(d, 1.0f);
         dbuf<float> dx(x), dw(w), dout(x.size());
         NB_CHECK(nb_cuda_rmsnorm(dout.p, dx.p, dw.p, NB_DTYPE_F32, n, d, 1e-5f, 0));
-        CUDA_CHECK(cudaEventRecord(a));
+        CUDA_OK(cudaEventRecord(a));
         for (int i = 0; i < 20; i++) NB_CHECK(nb_cuda_rmsnorm(dout.p, dx.p, dw.p, NB_DTYPE_F32, n, d, 1e-5f, 0));
-        CUDA_CHECK(cudaEventRecord(b));
-        CUDA_CHECK(cudaEventSynchronize(b));
-        CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        CUDA_OK(cudaEventRecord(b));
+        CUDA_OK(cudaEventSynchronize(b));
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
         printf("info  rmsnorm 64 x 4096: %.1f us\n", 1000.0 * ms / 20);
     }
     {
@@ -853,19 +845,19 @@ static void report_timings() {
                 for (auto &s : sp) s.top_k = 0, s.top_p = 1.0f;
             dsp.up(sp);
             NB_CHECK(nb_cuda_probs(dpr.p, dlg.p, n, V, dsp.p, dst.p, 0));
-            CUDA_CHECK(cudaEventRecord(a));
+            CUDA_OK(cudaEventRecord(a));
             for (int i = 0; i < 10; i++) NB_CHECK(nb_cuda_probs(dpr.p, dlg.p, n, V, dsp.p, dst.p, 0));
-            CUDA_CHECK(cudaEventRecord(b));
-            CUDA_CHECK(cudaEventSynchronize(b));
-            CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+            CUDA_OK(cudaEventRecord(b));
+            CUDA_OK(cudaEventSynchronize(b));
+            CUDA_OK(cudaEventElapsedTime(&ms, a, b));
             printf("info  probs 32 x 128256 (%s): %.1f us\n",
                    pass == 0 ? "T 0.8, top_k 50, top_p 0.9" : "T 0.8 only", 1000.0 * ms / 10);
         }
-        CUDA_CHECK(cudaEventRecord(a));
+        CUDA_OK(cudaEventRecord(a));
         for (int i = 0; i < 10; i++) NB_CHECK(nb_cuda_sample(dtok.p, dpr.p, n, V, dsd.p, dct.p, 0, 0));
-        CUDA_CHECK(cudaEventRecord(b));
-        CUDA_CHECK(cudaEventSynchronize(b));
-        CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        CUDA_OK(cudaEventRecord(b));
+        CUDA_OK(cudaEventSynchronize(b));
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
         printf("info  sample 32 x 128256: %.1f us\n", 1000.0 * ms / 10);
     }
     cudaEventDestroy(a);
@@ -881,7 +873,7 @@ int main() {
         return 77;
     }
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("test_ops_cuda on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
     test_rmsnorm();
     test_rope();
