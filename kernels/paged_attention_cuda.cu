@@ -1243,20 +1243,11 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
 
 #include "paged_attention_tc.cuh"
 
-// TC: the tensor-core kernel (D 128, quantized views) instead of the scalar
-// one; both take the same work split, threads per CTA and partials.
-template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
+// The scalar decode kernel on (chunk, kv head, sequence).
+template <int D, typename T, int MODE, int M> struct dec_launcher {
     static nb_status run(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-        static_assert(DNT == TC_NT, "one CTA size for both decode kernels");
-        void (*kern)(const pa_kp);
-        int smem;
-        if constexpr (TC && MODE != NB_PA_FP_ONLY && D == TC_D) {
-            kern = pa_tc_kernel<T, MODE>;
-            smem = tc_cfg<MODE>::smem(0); // + the block-id table, sized below
-        } else {
-            kern = pa_decode_kernel<D, T, MODE, M>;
-            smem = dec_smem<D, M>::bytes;
-        }
+        void (*kern)(const pa_kp) = pa_decode_kernel<D, T, MODE, M>;
+        const int smem = dec_smem<D, M>::bytes;
         static int occ = 0, dev_sms = 0, dev = -1;
         int cur;
         if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
@@ -1302,17 +1293,6 @@ template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
             return NB_ERR_INVALID_ARG;
         kp.ws_o = (float *)a->workspace;
         kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
-        if constexpr (TC && MODE != NB_PA_FP_ONLY && D == TC_D) {
-            static int attr_smem = 0, attr_dev = -1;
-            smem = tc_cfg<MODE>::smem(kp.upc);
-            if (smem > SMEM_LIMIT) return NB_ERR_UNSUPPORTED; // a block table of ~37k units
-            if (attr_dev != cur || smem > attr_smem) {
-                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-                    return NB_ERR_BACKEND;
-                attr_smem = smem;
-                attr_dev = cur;
-            }
-        }
         dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
         kern<<<grid, DNT, smem, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1325,14 +1305,70 @@ template <int D, typename T, int MODE, int M, bool TC> struct dec_launcher {
 
 template <int D, typename T, int M> nb_status dec_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
     switch (a->mode) {
-    case NB_PA_DRAFT: return dec_launcher<D, T, NB_PA_DRAFT, M, false>::run(kp, a, s);
-    case NB_PA_TARGET: return dec_launcher<D, T, NB_PA_TARGET, M, false>::run(kp, a, s);
-    default: return dec_launcher<D, T, NB_PA_FP_ONLY, M, false>::run(kp, a, s);
+    case NB_PA_DRAFT: return dec_launcher<D, T, NB_PA_DRAFT, M>::run(kp, a, s);
+    case NB_PA_TARGET: return dec_launcher<D, T, NB_PA_TARGET, M>::run(kp, a, s);
+    default: return dec_launcher<D, T, NB_PA_FP_ONLY, M>::run(kp, a, s);
     }
 }
+
+// The tensor-core decode kernel: one CTA of tc_cfg::NW warps per SM. Split-K
+// batch-tuned: one wave, each (sequence, kv head) in SMs / pairs chunks
+// (the kernel weights them by bytes); row-invariant: fixed chunks of
+// fixed_chunk_groups groups.
+template <typename T, int MODE> nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    using C = tc_cfg<T, MODE>;
+    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE>;
+    static int dev_sms = 0, dev = -1;
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
+    if (cur != dev) { // NOTE: cached per instantiation; re-read when the device changes
+        if (cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
+            return NB_ERR_BACKEND;
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess)
+            return NB_ERR_BACKEND;
+        dev = cur;
+    }
+    const int G = a->lay.group_size, spu = G / 32;
+    if (a->fixed_chunk_groups > 0) {
+        kp.inv = 1;
+        kp.upc = a->fixed_chunk_groups;
+        kp.n_chunks = cdiv(cdiv(a->max_tokens, G), kp.upc);
+        if (kp.n_chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
+    } else {
+        kp.inv = 0;
+        kp.upc = 0;
+        const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+        const long pairs = (long)a->n_seqs * a->lay.n_kv_heads;
+        long chunks = dev_sms / pairs;
+        if (chunks > (long)units_max * spu) chunks = (long)units_max * spu;
+        if (chunks > a->max_chunks) chunks = a->max_chunks;
+        if (chunks < 1) chunks = 1;
+#ifdef NB_PA_TRACE
+        if (getenv("NB_PA_TC_CHUNKS")) chunks = atoi(getenv("NB_PA_TC_CHUNKS")); // diagnostic builds only
+        if (chunks < 1 || chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
+#endif
+        kp.n_chunks = (int)chunks;
+    }
+    const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, TC_D, kp.n_chunks);
+    if ((kp.n_chunks > 1 || kp.inv) && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
+    kp.ws_o = (float *)a->workspace;
+    kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * TC_D;
+    dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
+    kern<<<grid, C::NT, C::SMEM, stream>>>(kp);
+    if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+    if (kp.n_chunks > 1 || kp.inv) {
+        if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
+    }
+    return NB_OK;
+}
 template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
-    if (a->mode == NB_PA_DRAFT) return dec_launcher<TC_D, T, NB_PA_DRAFT, TC_M, true>::run(kp, a, s);
-    return dec_launcher<TC_D, T, NB_PA_TARGET, TC_M, true>::run(kp, a, s);
+    switch (a->mode) {
+    case NB_PA_DRAFT: return tc_launch<T, NB_PA_DRAFT>(kp, a, s);
+    case NB_PA_TARGET: return tc_launch<T, NB_PA_TARGET>(kp, a, s);
+    default:
+        if constexpr (std::is_same<T, __half>::value) return tc_launch<T, NB_PA_FP_ONLY>(kp, a, s);
+        return NB_ERR_UNSUPPORTED; // bf16 FP blocks would be converted to f16: the scalar kernel keeps them exact
+    }
 }
 
 // Which decode kernel runs a D = 128 quantized-view call. The tensor-core
@@ -1533,9 +1569,10 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernel only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
-        if (D == TC_D && a->mode != NB_PA_FP_ONLY && M_max <= TC_M && use_tc(g)) {
-            if (a->lay.dtype == NB_DTYPE_F16) return tc_by_mode<__half>(kp, a, stream);
-            return tc_by_mode<__nv_bfloat16>(kp, a, stream);
+        if (D == TC_D && M_max <= TC_M && use_tc(g)) {
+            const nb_status st = a->lay.dtype == NB_DTYPE_F16 ? tc_by_mode<__half>(kp, a, stream)
+                                                              : tc_by_mode<__nv_bfloat16>(kp, a, stream);
+            if (st != NB_ERR_UNSUPPORTED) return st; // unsupported: bf16 FP-only, the scalar kernel below
         }
         if (D == 128 && a->lay.dtype == NB_DTYPE_F16) return dec_by_m<128, __half>(kp, a, (int)M_max, stream);
         if (D == 128) return dec_by_m<128, __nv_bfloat16>(kp, a, (int)M_max, stream);
@@ -1552,3 +1589,17 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     default: return by_mode<0, __nv_bfloat16>(kp, a, (int)M_max, stream);
     }
 }
+
+#ifdef NB_PA_TRACE
+// Diagnostic builds: the tensor-core decode kernel's per-CTA timestamps of
+// the last launch (see TC_TRACE), 5 words per CTA.
+extern "C" int nb_pa_trace_reset(void) {
+    static unsigned long long zero[TC_TRACE_MAX * 5];
+    return cudaMemcpyToSymbol(g_pa_trace, zero, sizeof(zero)) == cudaSuccess ? 0 : -1;
+}
+extern "C" int nb_pa_trace_read(unsigned long long *host, int n_ctas) {
+    if (n_ctas > TC_TRACE_MAX) n_ctas = TC_TRACE_MAX;
+    return cudaMemcpyFromSymbol(host, g_pa_trace, sizeof(unsigned long long) * 5 * n_ctas) == cudaSuccess ? n_ctas
+                                                                                                           : -1;
+}
+#endif

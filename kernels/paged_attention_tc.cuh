@@ -1,85 +1,142 @@
-// paged_attention_tc.cuh: the tensor-core decode kernel for the quantized
-// views (included by paged_attention_cuda.cu inside its anonymous namespace;
-// uses its pa_kp, cp.async helpers, row_uses_prequant and the merge kernel).
+// paged_attention_tc.cuh: the tensor-core decode kernel (included by
+// paged_attention_cuda.cu inside its anonymous namespace; uses its pa_kp,
+// row_uses_prequant, dec_cta_merge, dec_empty_chunk and the merge kernel).
 //
-// The one idea: the scalar decode kernel spends ~4 f32 ops per cached value
-// and query vector, so with 4 query heads per kv head (Llama-3) or the
-// half-byte draft view it is bound by the FMA pipe, not by memory. Here
-// both products run on mma.sync m16n8k16 (f16 in, f32 accumulate) with the
-// codes turned into exact f16 values in registers: K codes as subnormals
-// (code * 2^-24 from a mask or a byte permute, the scale undone once per
-// slice; draft_k4, target_k4), V codes as f16 integers (1024 + code, minus
-// 1024: FP-block slices share the P.V accumulators, so no per-row scale):
-//   scores^T [16 tokens x 8 query vectors] = K codes [16 x D] . (q*S_c)^T
-//   out^T    [16 channels x 8 query vecs ] = V codes^T [16 x 16 tokens] . (p*S_t)^T
-// The per-channel K steps S_c fold into q once per block (as in the scalar
-// kernel), the per-token V steps into the softmax weights, and the zeros are
-// the same scalar terms (q.Z per block, sum p*Z per query vector). q*S_c is
-// split into f16 hi + lo parts (two mmas) so the scores keep ~22 bits; the
-// weights p*S_t are one f16 each (flash attention's precision for P).
+// The one idea: decode attention at long context is bound by the bytes of KV
+// it reads, so the kernel must spend few instructions per byte. Per 32-token
+// slice of the draft view (4 KB of nibbles) an H100 SM at full bandwidth has
+// ~370 cycles, ~700 instructions at a realistic issue rate; the kernel this
+// one replaces spent ~1,100 (target: ~1,500 of ~1,400). Here:
+//   - copies are bulk async copies (cp.async.bulk, the copy engine), one
+//     instruction per 2 KB plane slice, completing on a per-slot mbarrier;
+//     each warp runs its own ring of NSW slots (no CTA barrier in the loop);
+//   - both products run on mma.sync m16n8k16 (f16 in, f32 accumulate), K and
+//     V codes entering as exact f16 SUBNORMALS (code * 2^-24) made by one
+//     AND (draft) or a byte permute (target) per pair of values;
+//   - the per-channel K steps fold into q once per block per warp (three
+//     f16x2 ops per pair: q*S split exactly into hi + lo), the per-block q.Z
+//     (and for the target the -8 of C8 = code - 8) come from 16 MMAs of the
+//     zero/step rows against q, not from scalar loops;
+//   - the softmax weights reach the P.V operand through movmatrix (one
+//     instruction per 8x8 transpose) instead of shuffles;
+//   - V codes of two tokens are paired with one byte permute per 4 codes.
 //
-// Query vectors are the MMA's N = 8 columns (rows x GQA group <= 8, as in the
-// scalar decode kernel), tokens and channels its M rows, so nothing is
-// padded to 16 query vectors. Which channels and tokens a lane holds is a
-// free choice as long as both operands agree; the choices below make every
-// load a plain 16- or 8-byte shared-memory read:
-//   K (A operand, rows = tokens g, g+8 of a 16-token tile): lane (g, t)
-//     reads the 16-byte chunk t (channels 32t..32t+31) of its two token
-//     rows; flat half2 f of a chunk pairs the channels kpair(f) and serves
-//     k-step f/2 (a0/a1 for even f, a2/a3 for odd f). q*S is packed with the
-//     same pairing.
-//   V (A operand, rows = channels): lane (g, t) reads bytes 8g..8g+7 of the
-//     token rows 2t, 2t+1, 2t+8, 2t+9 (channels 16g..16g+15); m-tile b holds
-//     channel 16g+2b in row g and 16g+2b+1 in row g+8; a byte permute pairs
-//     the same channel of two tokens.
-//   P (B operand) comes from the score accumulators through 4 shuffles per
-//   16 tokens (the accumulator holds (token, query pairs); B wants (token
-//   pairs, query)).
-// Each warp streams its 32-token slices through a private cp.async ring
-// (NS stages: K and V planes, the block's K scales/zeros and the slice's V
-// scales/zeros); rows are stored with their 16-byte chunks XOR-swizzled by
-// bit 2 of the row so the V reads are free of bank conflicts. FP blocks
-// (C_F1, the newest tokens) are read straight from global memory with the
-// same fragment layout. The work split (units, row-invariant fixed chunks,
-// the warps' shares of slices) is the scalar decode kernel's, so a row's
-// result depends only on its own query, position and cache contents: the
-// MMA computes each output element from its own row and column only.
+// MMA roles (lane = (g, t): g = lane >> 2, t = lane & 3):
+//   scores^T [16 tokens x 8 query vectors] += K codes [16 x 16 ch] . (q*S)^T
+//   out^T    [16 channels x 8 query vecs ] += V codes^T [16 x 16 tok] . P'^T
+// with P' = p * S_t (V's per-token step) in f16. Query vectors are the MMA's
+// N = 8 columns (rows x GQA group <= 8). Which token, channel or k index a
+// lane's register holds is a free choice as long as both operands agree:
+//   - score m-tile mt, A-row r = token 16mt + 2(r & 7) + (r >> 3) (a lane's
+//     two rows are adjacent tokens, so their V steps are one 32-bit load);
+//   - K: lane t reads 16-byte chunk t of its token rows (quantized: 32
+//     channels; FP: chunks t, t+4, t+8, t+12, 8 channels each); the k
+//     index <-> channel map of each kind is mirrored in q's B fragments
+//     (tc_qb_words);
+//   - P.V k index j of k-step mt = C-row j of score m-tile mt (what
+//     movmatrix delivers), so lane t's V tokens are 16mt + 4t + {0,2} (a0/a1)
+//     and 16mt + 4t + {1,3} (a2/a3);
+//   - out^T m-tile b, row r: channel 16g + 4(b & 3) + 2r + (b >> 2)
+//     (tc_out_ch). For the draft the nibbles at bit 4 of each byte
+//     (odd channels) come out of the mask as 16U * 2^-24, so m-tiles 4-7
+//     carry 2^-20 and m-tiles 0-3 2^-24: every accumulator has ONE scale.
+// Quantized and FP tiles share the accumulators: a warp's quantized tiles
+// all come before its FP tiles (positions only grow, and the pre-quantized
+// C_F1 group is walked quantized first), so the accumulators switch once,
+// by exact powers of two, from the code domain to values.
 //
-// Shapes: D = 128, G % 32 == 0, f16 or bf16 cache (bf16 FP-block values are
-// converted to f16, exact within f16's range; finite values beyond +-65504
-// saturate), <= 8 query vectors per kv head.
+// Work split. Batch-tuned (fixed_chunk_groups 0): one CTA of NW warps per
+// SM; each (sequence, kv head) is split into n_chunks ranges of 32-token
+// slices weighted by bytes (an FP slice moves 4x a draft slice, 2x a target
+// one), and each CTA's range is split the same way among its warps.
+// Row-invariant: chunk c = groups [c*upc, (c+1)*upc) by position, warps
+// split its nominal slices evenly by position, the pre-quantized C_F1
+// group is walked twice (quantized, then FP), so a row's result depends
+// only on its query, position and cache contents: the MMA computes each
+// column from its own query only, masked tiles are exact no-ops, and the
+// power-of-two domain switch is exact.
+//
+// Shapes: D = 128, G % 32 == 0, f16 or bf16 cache (FP_ONLY: f16 only; bf16
+// FP-block values are converted to f16, exact within f16's range; finite
+// values beyond +-65504 saturate), <= 8 query vectors per kv head, pools
+// 16-byte aligned.
 
-constexpr int TC_NW = 4; // warps per CTA
-constexpr int TC_NT = TC_NW * 32;
 constexpr int TC_D = 128;
 constexpr int TC_M = 8; // query vectors per kv head (MMA N)
 
-// Staged q: [8 query vectors][4 chunks of 32 channels], each chunk padded to
-// 36 floats so that the 16-byte reads of 8 lanes (2 query vectors x 4
-// chunks) fall in distinct banks.
-constexpr int TC_QS_C = 36, TC_QS_M = 4 * TC_QS_C;
+// NB_PA_TRACE (a diagnostic build, never the default): thread 0 of each CTA
+// records %globaltimer at four points (0: ranges known, 1: prologue done, 2:
+// warp 0 out of its loop, 3: partial written) and its SM in
+// g_pa_trace[(blockIdx linear) * 5 ...]; nb_pa_trace_read() copies it out.
+#ifdef NB_PA_TRACE
+constexpr int TC_TRACE_MAX = 8192;
+__device__ unsigned long long g_pa_trace[TC_TRACE_MAX * 5];
+__device__ __forceinline__ unsigned long long tc_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define TC_TRACE(k)                                                                                            \
+    do {                                                                                                       \
+        const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                  \
+        if (threadIdx.x == 0 && bl < TC_TRACE_MAX) {                                                           \
+            unsigned sm;                                                                                       \
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                   \
+            g_pa_trace[bl * 5 + (k)] = tc_now();                                                               \
+            g_pa_trace[bl * 5 + 4] = sm;                                                                       \
+        }                                                                                                      \
+    } while (0)
+#else
+#define TC_TRACE(k) ((void)0)
+#endif
 
-template <int MODE> struct tc_cfg {
+template <typename T, int MODE> struct tc_cfg {
+    static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
-    static constexpr int PLANE = 32 * (TC_D / 2);               // one plane, 32 rows: 2048 B
-    static constexpr int o_ku = 0, o_vu = PLANE;
-    static constexpr int o_kl = 2 * PLANE, o_vl = 3 * PLANE;    // TARGET only
-    static constexpr int o_ks = (TGT ? 4 : 2) * PLANE;          // K scale[D], K zero[D] (T)
-    static constexpr int o_vs = o_ks + 2 * TC_D * 2;            // V scale[32] (T)
-    static constexpr int o_vz = o_vs + 64;                      // V zero[32] (T)
-    static constexpr int stage = o_vz + 64;
-    // Ring stages per warp and CTAs per SM: 3 CTAs (12 warps) hide more
-    // latency than deeper rings (measured); registers <= 168 for 3.
-    static constexpr int NS = TGT ? 2 : 3;
-    static constexpr int MIN_CTAS = 3;
-    static constexpr int qs_bytes = TC_M * TC_QS_M * 4;        // q [8][4 chunks][36] f32 (padded)
-    static constexpr int ring = TC_NW * NS * stage;
-    static constexpr int mo_bytes = TC_NW * TC_M * TC_D * 4 + TC_NW * TC_M * 2 * 4;
-    static constexpr int body = ring > mo_bytes ? ring : mo_bytes;
-    // + the chunk's block-id table (tab_bytes(upc)) between q and the ring
-    static int tab_bytes(int upc) { return ((upc + 1) * 4 + 15) & ~15; }
-    static int smem(int upc) { return qs_bytes + tab_bytes(upc) + body; }
+    // Warps per CTA (one CTA per SM) and ring slots per warp: 12 x 2 hides
+    // more latency than 8 x 3 (the kernel waits on dependency chains more
+    // than on memory), within 168 registers.
+    // Measured on an H100 (docs/benchmarks.md, session 14): the draft and
+    // FP views run faster with 12 x 2 (one tile in flight per warp is
+    // enough at 12 warps), the target with 8 x 3 (at 12 warps it would
+    // spill under the 168-register cap).
+    static constexpr int NW = TGT ? 8 : 12;
+    static constexpr int NSW = TGT ? 3 : 2;
+    static constexpr int NT = NW * 32;
+    // Quantized tile: QT tokens (two 32-token sub-slices for the draft, one
+    // for the target: ~8.5 KB either way) of one block: K and V rows of the
+    // upper (and lower) plane, the block's K step + zero (copied with a
+    // warp's first tile of the block), the tile's V steps and zeros.
+    static constexpr int QT = TGT ? 32 : 64;
+    static constexpr int Q_KU = 0, Q_VU = 64 * QT, Q_KL = 128 * QT, Q_VL = 192 * QT;
+    static constexpr int Q_KS = (TGT ? 256 : 128) * QT; // K step[D], K zero[D]: 512 B
+    static constexpr int Q_VS = Q_KS + 512;              // V step[QT]
+    static constexpr int Q_VZ = Q_VS + 2 * QT;           // V zero[QT]
+    static constexpr int Q_BYTES = Q_VZ + 2 * QT;
+    // FP tile, 16 tokens: K rows, V rows.
+    static constexpr int F_K = 0, F_V = 4096, F_BYTES = 8192;
+    static constexpr int SLOT = (((QUANT && Q_BYTES > F_BYTES) ? Q_BYTES : F_BYTES) + 127) & ~127;
+    // Split-K weights: bytes of a quantized / FP 32-token slice, in units of the smaller.
+    static constexpr int WQ = 1, WF = !QUANT ? 1 : TGT ? 2 : 4;
+    // Shared memory: q B fragments (2 maps x 32 words x 32 lanes), q *
+    // scale * log2(e) as f32 [8][D], mbarriers, tile descriptors, the ring.
+    static constexpr int QB_OFF = 0, QB_BYTES = 2 * 32 * 32 * 4;
+    static constexpr int QF_OFF = QB_OFF + QB_BYTES, QF_BYTES = TC_M * TC_D * 4;
+    static constexpr int BAR_OFF = QF_OFF + QF_BYTES;
+    static constexpr int DESC_OFF = BAR_OFF + NW * NSW * 8;
+    static constexpr int RING_OFF = (DESC_OFF + NW * NSW * 16 + 127) & ~127;
+    static constexpr int SMEM = RING_OFF + NW * NSW * SLOT;
+    static constexpr int MERGE_BYTES = NW * TC_M * TC_D * 4 + NW * TC_M * 2 * 4;
+    static_assert(MERGE_BYTES <= NW * NSW * SLOT, "the CTA merge area aliases the ring");
+    static_assert(SMEM <= 227 * 1024, "one CTA per SM");
 };
+
+// Descriptor flags of a tile (written by the warp's issuing lane per slot).
+constexpr int TCF_FP = 1, TCF_NEWBLK = 8, TCF_END = 16; // bits 1-2: rmask (row class of C_F1)
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ uint32_t s_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -88,71 +145,48 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x, approximate (max rel. error ~2^-22), denormal results flushed to 0;
-// 2^-inf = 0.
+// 2^x, approximate (max rel. error ~2^-22), denormal results flushed to 0; 2^-inf = 0.
 __device__ __forceinline__ float ex2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
+// The transpose of an 8x8 b16 matrix held as mma fragments: lane (g, t)
+// gives row g, columns 2t, 2t+1 and gets back column g, rows 2t, 2t+1.
+__device__ __forceinline__ uint32_t movm_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(s_u32(b)) : "memory");
+}
+// Arrives once and expects `bytes` of bulk copies (0: the phase completes now).
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(s_u32(b)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    asm volatile("{\n .reg .pred P1;\n TC_WAIT:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 " @P1 bra TC_DONE;\n bra TC_WAIT;\n TC_DONE:\n}\n" ::"r"(s_u32(b)),
+                 "r"(parity)
+                 : "memory");
+}
+// Global -> shared bulk copy (16-byte aligned, size % 16 == 0) on the copy
+// engine, completing `bytes` of the mbarrier's transaction count.
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     s_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(s_u32(bar))
+                 : "memory");
+}
+
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
-
-// f16 magic: 0x6400 | x is 1024 + x for x < 1024.
-__device__ __forceinline__ uint32_t hsub_const(uint32_t h, uint32_t c2) { return h2u(__hsub2(u2h(h), u2h(c2))); }
-constexpr uint32_t H1024 = 0x64006400u; // (1024, 1024)
-constexpr uint32_t H1032 = 0x64086408u; // (1032, 1032)
-
-// (x & M) | H1024 as one LOP3 (left to itself the compiler emits an AND and
-// an OR, each with its immediate).
-template <uint32_t M> __device__ __forceinline__ uint32_t and_or1024(uint32_t x) {
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(x), "n"(M), "r"(H1024));
-    return d;
-}
-
-// Four half2 of upper nibbles from a word of 8, as f16 subnormals (no
-// exponent bits: the value is the mantissa times 2^-24, exact, and the
-// tensor cores take subnormal inputs as they are). h[0] = (c0, c4) and
-// h[1] = (c2, c6) are U * 2^-24 (low nibbles), h[2] = (c1, c5) and h[3] =
-// (c3, c7) are 16U * 2^-24 (high nibbles, left in place): k-step 2w of a
-// word w takes the first two, k-step 2w + 1 the last two, so each
-// accumulator chain holds one scale (undone once per slice).
-__device__ __forceinline__ void draft_k4(uint32_t u, uint32_t (&h)[4]) {
-    const uint32_t s = u >> 8;
-    h[0] = u & 0x000f000fu;
-    h[1] = s & 0x000f000fu;
-    h[2] = u & 0x00f000f0u;
-    h[3] = s & 0x00f000f0u;
-}
-
-// Even / odd channel codes 16U + Lstored (0..255) of a word pair, one byte each.
-__device__ __forceinline__ uint32_t codes_even(uint32_t u, uint32_t l) {
-    return ((u & 0x0f0f0f0fu) << 4) | (l & 0x0f0f0f0fu);
-}
-__device__ __forceinline__ uint32_t codes_odd(uint32_t u, uint32_t l) {
-    return (u & 0xf0f0f0f0u) | ((l >> 4) & 0x0f0f0f0fu);
-}
-
-// Four half2 of C8 + 8 = 16U + Lstored (0..255) from a word pair of both
-// planes, as f16 subnormals ((C8 + 8) * 2^-24, exact; the -8 is a q term
-// per block). Pairs: (c0,c2) (c1,c3) (c4,c6) (c5,c7).
-__device__ __forceinline__ void target_k4(uint32_t u, uint32_t l, uint32_t (&h)[4]) {
-    const uint32_t e = codes_even(u, l), o = codes_odd(u, l);
-    h[0] = __byte_perm(e, 0u, 0x4140);
-    h[1] = __byte_perm(o, 0u, 0x4140);
-    h[2] = __byte_perm(e, 0u, 0x4342);
-    h[3] = __byte_perm(o, 0u, 0x4342);
-}
-
-// The two channels (within a 32-channel chunk) of flat half2 f (0..15).
-template <int KIND> __device__ __forceinline__ int2 kpair(int f) {
-    const int w = f >> 2, j = f & 3;
-    if (KIND == 0) return make_int2(8 * w + 2 * (j & 1) + (j >> 1), 8 * w + 2 * (j & 1) + (j >> 1) + 4); // draft codes
-    if (KIND == 1) return make_int2(8 * w + (j & 1) + 4 * (j >> 1), 8 * w + (j & 1) + 4 * (j >> 1) + 2); // target codes
-    return make_int2(2 * f, 2 * f + 1);                                         // FP values
-}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
 
 // Two 16-bit elements (one 32-bit word, low half first) as floats.
 template <typename T> __device__ __forceinline__ float2 t2_f2(uint32_t w) {
@@ -163,7 +197,7 @@ template <typename T> __device__ __forceinline__ float2 t2_f2(uint32_t w) {
     }
 }
 
-// Two FP elements (one 32-bit word) as an f16 pair.
+// Two FP elements (one 32-bit word) as an f16 pair (bf16: saturated to +-65504).
 template <typename T> __device__ __forceinline__ uint32_t fp_pair_h(uint32_t w) {
     if constexpr (std::is_same<T, __half>::value) {
         return w;
@@ -175,179 +209,342 @@ template <typename T> __device__ __forceinline__ uint32_t fp_pair_h(uint32_t w) 
     }
 }
 
-// Byte offset in a stage plane of 16-byte chunk c of row r (swizzled).
-__device__ __forceinline__ int tc_sw(int r, int c) { return r * 64 + ((c ^ (((r >> 2) & 1) << 1)) << 4); }
+// Draft K: the 8 nibbles of word u (channels c0..c7) as four f16 subnormal
+// pairs: (c0,c4) and (c2,c6) as U * 2^-24, (c1,c5) and (c3,c7) as 16U * 2^-24.
+__device__ __forceinline__ void draft_k4(uint32_t u, uint32_t (&h)[4]) {
+    const uint32_t s = u >> 8;
+    h[0] = u & 0x000f000fu;
+    h[1] = u & 0x00f000f0u;
+    h[2] = s & 0x000f000fu;
+    h[3] = s & 0x00f000f0u;
+}
+
+// Codes 16U + Lstored (= C8 + 8, 0..255) of the even / odd channels of a word
+// pair of both planes, one byte each.
+__device__ __forceinline__ uint32_t codes_even(uint32_t u, uint32_t l) {
+    return ((u & 0x0f0f0f0fu) << 4) | (l & 0x0f0f0f0fu);
+}
+__device__ __forceinline__ uint32_t codes_odd(uint32_t u, uint32_t l) {
+    return (u & 0xf0f0f0f0u) | ((l >> 4) & 0x0f0f0f0fu);
+}
+
+// Target K: the codes of word pair (u, l) (channels c0..c7) as f16
+// subnormals (code * 2^-24): (c0,c2), (c4,c6), (c1,c3), (c5,c7).
+__device__ __forceinline__ void target_k4(uint32_t u, uint32_t l, uint32_t (&h)[4]) {
+    const uint32_t e = codes_even(u, l), o = codes_odd(u, l);
+    h[0] = prmt(e, 0u, 0x4140);
+    h[1] = prmt(e, 0u, 0x4342);
+    h[2] = prmt(o, 0u, 0x4140);
+    h[3] = prmt(o, 0u, 0x4342);
+}
+
+// Token (within a 16-token m-tile) of score C-row r < 8 (row r + 8: + 8).
+// Rows of a K load's 8-lane phase (r = 2q, 2q+1) are then 64 bytes apart
+// (no bank conflict) and the four tokens P.V lanes t = 0..3 load at once
+// fall in both halves of a 128-byte bank window (2-way, not 4-way).
+__device__ __forceinline__ int tc_tok(int r) { return r ^ ((r >> 2) & 1); }
+
+// Channel of out^T m-tile b, row half r (0: row g, 1: row g + 8) for lane group g.
+__device__ __forceinline__ int tc_out_ch(int g, int b, int r) { return 16 * g + 4 * (b & 3) + 2 * r + (b >> 2); }
+
+// The two channels a q B-fragment word pairs, for lane t, word wi = 2s + r
+// (k-step s, r = 0: b0 = k 2t..2t+1, r = 1: b1 = k 2t+8..2t+9), and the
+// factor the word carries. MAP 0: quantized draft codes (draft_k4), 1:
+// quantized target codes (target_k4), 2: FP values.
+template <int MAP> __device__ __forceinline__ int2 tc_qb_ch(int t, int wi, float &f) {
+    const int s = wi >> 1, r = wi & 1, w = s >> 1, e = s & 1;
+    f = 1.0f;
+    if (MAP == 0) { // k-step 2w+e: a0 = h[2e] (c_{2e}, c_{2e+4}), a2 = h[2e+1] (x16)
+        const int c = 32 * t + 8 * w + 2 * e + r;
+        if (r) f = 0.0625f;
+        return make_int2(c, c + 4);
+    }
+    if (MAP == 1) { // a0 = (c_e, c_{e+2}), a2 = (c_{e+4}, c_{e+6}); the step is S/16
+        const int c = 32 * t + 8 * w + e + 4 * r;
+        f = 0.0625f;
+        return make_int2(c, c + 2);
+    }
+    const int c = 8 * (t + 4 * w) + 4 * e + 2 * r; // chunk t + 4w, words 2e (a0) and 2e+1 (a2)
+    return make_int2(c, c + 1);
+}
+
+// The q B fragments of one map for lane `ln`: word wi (0..15 hi, 16..31 lo)
+// of x = q * scale * log2(e) (qf: [8][D], query vector ln >> 2) split
+// exactly into f16 hi + lo, times the map's factor. Stored [wi / 4][lane][wi % 4]
+// so a lane's 16-byte reads of four consecutive words are conflict-free.
+template <int MAP> __device__ __forceinline__ void tc_qb_word(uint32_t *qb, const float *qf, int ln, int wi) {
+    float f;
+    const int2 c = tc_qb_ch<MAP>(ln & 3, wi & 15, f);
+    const float *x = qf + (ln >> 2) * TC_D;
+    const float a = x[c.x] * f, b = x[c.y] * f;
+    const __half2 hi = __floats2half2_rn(a, b);
+    const float2 hf = __half22float2(hi);
+    const uint32_t v = wi < 16 ? h2u(hi) : h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+    qb[((wi >> 2) * 32 + ln) * 4 + (wi & 3)] = v;
+}
 
 template <typename T, int MODE>
-__global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(const pa_kp P) {
-    using C = tc_cfg<MODE>;
-    constexpr bool TGT = C::TGT;
+__global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_kp P) {
+    using C = tc_cfg<T, MODE>;
+    constexpr int NW = C::NW, NSW = C::NSW, NT = C::NT, QT = C::QT;
+    constexpr bool QUANT = C::QUANT, TGT = C::TGT;
+    constexpr bool F16 = std::is_same<T, __half>::value;
     constexpr int D = TC_D, RB = D / 2;
-    extern __shared__ __align__(16) uint8_t smem[];
-    float *qs = (float *)smem; // [8][4][TC_QS_C]
-    int32_t *tab = (int32_t *)(smem + C::qs_bytes); // block id of unit ua + i
-    uint8_t *body = smem + C::qs_bytes + ((P.upc + 1) * 4 + 15) / 16 * 16;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g8 = lane >> 2, t4 = lane & 3; // MMA group / thread-in-group
-    uint8_t *ring = body + warp * C::NS * C::stage;
+    constexpr float K24 = 16777216.0f; // 2^24: undoes the subnormal code scale
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint32_t *qb = (uint32_t *)(smem + C::QB_OFF); // [map q | fp][8][32 lanes][4]
+    float *qf = (float *)(smem + C::QF_OFF);       // [8][D] q * scale * log2(e)
+    uint64_t *bars = (uint64_t *)(smem + C::BAR_OFF);
+    int4 *descs = (int4 *)(smem + C::DESC_OFF);
+    uint8_t *ring = smem + C::RING_OFF;
 
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g8 = lane >> 2, t4 = lane & 3;
+    // tc_tok: score C-row g (and g + 8) is token tg (tg + 8) of its m-tile;
+    // P.V k slots 2t, 2t+1 are tokens ta, ta ^ 1 (slots + 8: + 8).
+    const int tg = tc_tok(g8), ta = tc_tok(2 * t4);
     const nb_kv_layout lay = P.lay;
     const int G = lay.group_size, gq = P.g;
     const int chunk = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const nb_pa_seq S = P.seqs[seq];
-    const int nq = S.n_qblocks, pq = S.has_prequant != 0;
+    const int nq = QUANT ? S.n_qblocks : 0, pq = QUANT ? (S.has_prequant != 0) : 0;
     const int pos_end = S.pos0 + S.n_rows;
     const int fp_span = pos_end - nq * G;
     const int nfp = fp_span > 0 ? cdiv(fp_span, G) : 0;
     const int nU = nq + pq + nfp;
-    const int u0 = P.inv ? 0 : chunk * P.upc;
-    const int u1 = P.inv ? ((long)chunk * P.upc * G < pos_end ? 1 : 0) : min(nU, u0 + P.upc);
+    const int spu = G / 32;
     const int Mt = S.n_rows * gq; // <= 8
-    if (u0 >= u1) {
+    const int nQs = (nq + pq) * spu, nS = nU * spu;
+
+    // ---- this CTA's slices and units ----
+    // cost(k): bytes-weighted cost of 32-token slices [0, k); slice_at(x):
+    // the first slice whose cost reaches x (quantized slices come first).
+    auto cost = [&](int k) -> long long {
+        return k <= nQs ? (long long)k * C::WQ : (long long)nQs * C::WQ + (long long)(k - nQs) * C::WF;
+    };
+    auto slice_at = [&](long long x) -> int {
+        const long long q = (long long)nQs * C::WQ;
+        if (x <= q) return (int)((x + C::WQ - 1) / C::WQ);
+        return nQs + (int)((x - q + C::WF - 1) / C::WF);
+    };
+    int ks, ke;
+    if (P.inv) {
+        ks = 0;
+        ke = ((long)chunk * P.upc * G < pos_end) ? P.upc * spu : 0;
+    } else {
+        const long long W = cost(nS);
+        ks = slice_at(W * chunk / P.n_chunks);
+        ke = slice_at(W * (chunk + 1) / P.n_chunks);
+    }
+    if (ks >= ke) {
         dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
-    // Thread tid loads channel tid of every query vector now and stages it
-    // after the first copies are issued, so the two latencies overlap.
-    static_assert(TC_NT == TC_D, "thread tid stages channel tid of every query vector");
-    float qreg[TC_M];
-    {
-        // query vector m = (row m / gq, head m % gq), walked without a division
-        int r = 0, h = 0;
-#pragma unroll
-        for (int m = 0; m < TC_M; m++) {
-            qreg[m] = m < Mt ? P.q[((size_t)(S.row_off + r) * P.n_q_heads + kvh * gq + h) * D + tid] : 0.0f;
-            if (++h == gq) {
-                h = 0;
-                r++;
-            }
-        }
-    }
-    // The units this chunk can touch, [ua, ua + n_tab), and their block ids
-    // (read once here, not per slice: a dependent global load per slice
-    // would stall the copy pipeline).
-    const int ua = P.inv ? chunk * P.upc + ((pq && chunk * P.upc > nq) ? 1 : 0) : u0;
-    const int n_tab = P.inv ? min(P.upc + 1, nU - ua) : u1 - u0;
-    for (int i = tid; i < n_tab; i += TC_NT) {
-        const int u = ua + i;
-        tab[i] = u < nq + pq ? P.qtab[S.qblock_off + u] : P.fptab[S.fpblock_off + u - nq - pq];
-    }
-    __syncthreads();
+    TC_TRACE(0);
 
-    // ---- the warp's items: 32-token slices, the pre-quantized group twice ----
-    const int spu = G / 32;
-    // slice k -> (k / spu, k % spu): a shift and a mask for G = 32 * 2^n
-    const bool spu2 = (spu & (spu - 1)) == 0;
-    const int lspu = __ffs(spu) - 1;
-    const int n_sl = (P.inv ? P.upc : u1 - u0) * spu;
-    const int k0 = warp * n_sl / TC_NW, k1 = (warp + 1) * n_sl / TC_NW;
-    // Row-invariant with a pre-quantized C_F1: the slices of group nq come
-    // twice (C_F1 quantized, then FP block 0), as in the scalar kernel.
+    // ---- prologue: q, barriers ----
+    for (int i = tid; i < TC_M * D / 4; i += NT) {
+        const int m = i / (D / 4), c4 = i % (D / 4);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (m < Mt)
+            v = *(const float4 *)(P.q + ((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D +
+                                  4 * c4);
+        v.x *= P.scale_log2;
+        v.y *= P.scale_log2;
+        v.z *= P.scale_log2;
+        v.w *= P.scale_log2;
+        *(float4 *)(qf + 4 * i) = v;
+    }
+    uint64_t *wbar = bars + warp * NSW;
+    int4 *wdesc = descs + warp * NSW;
+    uint8_t *wring = ring + warp * NSW * C::SLOT;
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < NSW; s++) mbar_init(wbar + s);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+
+    // ---- the warp's tiles ----
+    // Nominal slices [k0, k1) in up to four parts: A [k0, dlo), then, when
+    // the row-invariant chunk holds a pre-quantized C_F1 (group nq), that
+    // group's slices [dlo, dhi) quantized (B) and again as FP block 0 (C),
+    // then D [dhi, k1). Positions only grow along A, B, D and along C, D.
+    int k0, k1;
+    if (P.inv) {
+        const int n_sl = ke - ks;
+        k0 = ks + warp * n_sl / NW;
+        k1 = ks + (warp + 1) * n_sl / NW;
+    } else {
+        const long long a = cost(ks), b = cost(ke);
+        k0 = max(ks, slice_at(a + (b - a) * warp / NW));
+        k1 = min(ke, slice_at(a + (b - a) * (warp + 1) / NW));
+    }
     int dlo = k1, dhi = k1;
     if (P.inv && pq) {
-        const int ka = (nq - chunk * P.upc) * spu;
-        dlo = max(k0, ka);
-        dhi = min(k1, ka + spu);
+        const int kq = (nq - chunk * P.upc) * spu;
+        dlo = max(k0, kq);
+        dhi = min(k1, kq + spu);
         if (dlo >= dhi) dlo = dhi = k1;
     }
-    const int n_items = (k1 - k0) + (dhi - dlo);
-    struct item {
-        int u, t0, blk, upos, rmask, tl;
-        bool fp;
-    };
-    auto get_item = [&](int j) {
-        item it;
-        int k, rep = 0;
-        if (k0 + j < dlo) {
-            k = k0 + j;
-        } else if (j - (dlo - k0) < 2 * (dhi - dlo)) {
-            k = dlo + (j - (dlo - k0)) / 2;
-            rep = (j - (dlo - k0)) & 1;
-        } else {
-            k = k0 + j - (dhi - dlo);
-        }
-        const int kq = spu2 ? k >> lspu : k / spu;
-        it.t0 = (k - kq * spu) * 32;
-        int u;
-        if (P.inv) {
-            const int gi = chunk * P.upc + kq;
-            if (gi * G >= pos_end) {
-                it.tl = 0;
-                it.u = -1;
-                it.fp = true;
-                it.blk = it.upos = it.rmask = 0;
-                return it;
-            }
-            u = gi < nq ? gi : gi + pq;
-            if (pq && gi == nq) u = nq + rep;
-        } else {
-            u = u0 + kq;
-        }
-        it.u = u;
-        if (u < nq + pq) {
-            it.fp = false;
-            it.blk = tab[u - ua];
-            it.upos = u * G;
-            it.rmask = u < nq ? 0 : 1;
-        } else {
-            const int jf = u - nq - pq;
-            it.fp = true;
-            it.blk = tab[u - ua];
-            it.upos = (nq + jf) * G;
-            it.rmask = (pq && jf == 0) ? 2 : 0;
-        }
-        it.tl = min(32, min(G, pos_end - it.upos) - it.t0);
-        return it;
-    };
-    // Issues the cp.async copies of item j into its ring slot (quantized items only).
-    // Plane rows of (layer, blk, kvh) start at ((hb*2 + kv)*G + token)*RB with
-    // hb = (layer*n_qblocks + blk)*n_kv_heads + kvh (nb_kv_plane_offset), its
-    // scales record at hb*(2D + 2G) elements (nb_kv_scales_offset). Lane x of
-    // copy i moves bytes 16(x + 32i) of the 32 rows: row (x >> 2) + 8i, chunk
-    // x & 3, so its shared offset is tc_sw(lane >> 2, lane & 3) + 512i.
-    const size_t hb_layer = (size_t)P.layer * lay.n_qblocks;
-    const int sw_lane = tc_sw(lane >> 2, lane & 3);
-    const int rec_bytes = (2 * D + 2 * G) * (int)sizeof(T);
-    auto issue = [&](int j) {
-        if (j < n_items) {
-            const item it = get_item(j);
-            if (!it.fp && it.tl > 0) {
-                uint8_t *st = ring + (j % C::NS) * C::stage;
-                const size_t hb = (hb_layer + it.blk) * lay.n_kv_heads + kvh;
-                const size_t krow = (hb * 2 * G + it.t0) * RB + lane * 16, vrow = krow + (size_t)G * RB;
-                const uint8_t *ku = P.upper + krow, *vu = P.upper + vrow;
-#pragma unroll
-                for (int i = 0; i < 4; i++) { // 128 16-byte chunks per plane
-                    cp_async16(st + C::o_ku + sw_lane + 512 * i, ku + 512 * i);
-                    cp_async16(st + C::o_vu + sw_lane + 512 * i, vu + 512 * i);
-                    if (TGT) {
-                        cp_async16(st + C::o_kl + sw_lane + 512 * i, P.lower + krow + 512 * i);
-                        cp_async16(st + C::o_vl + sw_lane + 512 * i, P.lower + vrow + 512 * i);
-                    }
-                }
-                const uint8_t *rec = P.scales + hb * rec_bytes;
-                cp_async16(st + C::o_ks + lane * 16, rec + lane * 16); // K scale + zero: 512 B
-                if (lane < 8) { // V scale (lanes 0-3) and V zero (4-7) of the slice's 32 tokens
-                    const int part = lane >> 2;
-                    cp_async16(st + C::o_vs + lane * 16,
-                               rec + (2 * D + part * G + it.t0) * (int)sizeof(T) + (lane & 3) * 16);
-                }
-            }
-        }
-        cp_commit(); // possibly empty: keeps one group per item
-    };
+    const size_t es = sizeof(T);
+    // Two-slice draft tiles halve the per-tile cost (wait, descriptor,
+    // copies) but double the latency to a warp's first scores: only for
+    // warps with >= 16 slices (measured: batch 1 at 32k is faster with
+    // one-slice tiles, batch 8 with two).
+    const bool wide = QT == 64 && k1 - k0 >= 16;
+    const bool spu2 = (spu & (spu - 1)) == 0;
+    const int lspu = __ffs(spu) - 1;
+    const size_t hb_base = (size_t)P.layer * lay.n_qblocks * lay.n_kv_heads + kvh;
 
-    float acc[8][4]; // out^T: m-tile b = channels (16g+2b, 16g+2b+1) x query vectors (2t, 2t+1)
+    // Tile iterator, run by every lane with the same values (lane 0 does
+    // the side effects). Per unit: its block, position and byte bases.
+    int it_p = 0, it_k = k0, it_kend = dlo, it_half = 0, it_prev = -1, it_u = -1;
+    int it_blk = 0, it_upos = 0, it_ntok = 0, it_rm = 0;
+    // Block id of unit u (the call's tables in global memory); the next
+    // unit's is loaded when a unit starts, so it has arrived when needed.
+    auto blk_of = [&](int u) -> int {
+        return u < nq + pq ? __ldg(P.qtab + S.qblock_off + u) : __ldg(P.fptab + S.fpblock_off + u - nq - pq);
+    };
+    int it_next = -1, it_next_blk = 0;
+    bool it_fp = false;
+    // quantized: upper-plane rows, scales record, lower-plane rows; FP: K rows, V rows
+    const uint8_t *it_b0 = nullptr, *it_b1 = nullptr, *it_b2 = nullptr;
+    // Writes the descriptor of the warp's next tile into `slot` and starts its copies.
+    auto issue = [&](int slot) {
+        uint64_t *bar = wbar + slot;
+        uint8_t *dst = wring + slot * C::SLOT;
+        for (;;) {
+            if (it_p < 4 && it_k >= it_kend) { // next part
+                it_p++;
+                if (it_p == 1 || it_p == 2) {
+                    it_k = dlo;
+                    it_kend = dhi;
+                } else if (it_p == 3) {
+                    it_k = dhi;
+                    it_kend = k1;
+                }
+                continue;
+            }
+            if (it_p >= 4) {
+                if (lane == 0) {
+                    wdesc[slot] = make_int4(0, 0, TCF_END, 0);
+                    mbar_arrive_tx(bar, 0);
+                }
+                return;
+            }
+            const int kq = spu2 ? it_k >> lspu : it_k / spu;
+            const int kr = it_k - kq * spu;
+            int u = kq;
+            if (P.inv) {
+                const int gi = chunk * P.upc + kq;
+                if (gi * G >= pos_end) { // positions only grow: nothing after this is visible
+                    it_p = 4;
+                    continue;
+                }
+                u = gi < nq ? gi : gi + pq;
+                if (pq && gi == nq) u = nq + (it_p == 2);
+            }
+            if (u != it_u) { // a new unit: its block and bases
+                it_u = u;
+                it_blk = u == it_next ? it_next_blk : blk_of(u);
+                it_next = u + 1 < nU ? u + 1 : -1;
+                if (it_next >= 0) it_next_blk = blk_of(it_next);
+                it_fp = u >= nq + pq;
+                if (!it_fp) {
+                    it_upos = u * G;
+                    it_rm = u < nq ? 0 : 2;
+                    const size_t hb = hb_base + (size_t)it_blk * lay.n_kv_heads;
+                    it_b0 = P.upper + hb * 2 * G * RB;
+                    it_b1 = P.scales + hb * (2 * D + 2 * G) * es;
+                    if (TGT) it_b2 = P.lower + hb * 2 * G * RB;
+                } else {
+                    const int jf = u - nq - pq;
+                    it_upos = (nq + jf) * G;
+                    it_rm = (pq && jf == 0) ? 4 : 0;
+                    it_b0 = P.fp + nb_kv_fp_offset(&lay, P.layer, it_blk, kvh, 0, 0) * es;
+                    it_b1 = it_b0 + (size_t)G * D * es;
+                }
+                it_ntok = min(G, pos_end - it_upos);
+            }
+            if (!it_fp) { // quantized: QT / 32 slices of the unit at once when they are the warp's
+                const int n = (wide && kr + 1 < spu && it_k + 1 < it_kend) ? 2 : 1;
+                const int t0 = kr * 32, nt = 32 * n;
+                const bool nb = it_blk != it_prev;
+                it_prev = it_blk;
+                it_k += n;
+                if (lane == 0) {
+                    const int tl = min(nt, it_ntok - t0);
+                    wdesc[slot] = make_int4(it_blk, it_upos + t0, it_rm | (nb ? TCF_NEWBLK : 0) | (tl << 8), 0);
+                    const uint8_t *kr0 = it_b0 + (size_t)t0 * RB, *vr0 = kr0 + (size_t)G * RB;
+                    mbar_arrive_tx(bar, (uint32_t)(nt * RB * (TGT ? 4 : 2) + nt * 4 + (nb ? 512 : 0)));
+                    bulk_g2s(dst + C::Q_KU, kr0, nt * RB, bar);
+                    bulk_g2s(dst + C::Q_VU, vr0, nt * RB, bar);
+                    if (TGT) {
+                        const uint8_t *kl0 = it_b2 + (size_t)t0 * RB;
+                        bulk_g2s(dst + C::Q_KL, kl0, nt * RB, bar);
+                        bulk_g2s(dst + C::Q_VL, kl0 + (size_t)G * RB, nt * RB, bar);
+                    }
+                    if (nb) bulk_g2s(dst + C::Q_KS, it_b1, 2 * D * es, bar);
+                    bulk_g2s(dst + C::Q_VS, it_b1 + (2 * D + t0) * es, nt * es, bar);
+                    bulk_g2s(dst + C::Q_VZ, it_b1 + (2 * D + G + t0) * es, nt * es, bar);
+                }
+                return;
+            }
+            // FP: 16-token tiles, two per nominal slice
+            const int t0 = kr * 32 + 16 * it_half;
+            const int tl = min(16, it_ntok - t0);
+            if (it_half) {
+                it_half = 0;
+                it_k++;
+            } else {
+                it_half = 1;
+            }
+            if (tl <= 0) {
+                it_p = 4;
+                continue;
+            }
+            if (lane == 0) {
+                wdesc[slot] = make_int4(it_blk, it_upos + t0, TCF_FP | it_rm | (tl << 8), 0);
+                mbar_arrive_tx(bar, 16u * D * 2 * (uint32_t)es);
+                bulk_g2s(dst + C::F_K, it_b0 + (size_t)t0 * D * es, 16 * D * es, bar);
+                bulk_g2s(dst + C::F_V, it_b1 + (size_t)t0 * D * es, 16 * D * es, bar);
+            }
+            return;
+        }
+    };
+    // The first tiles of all warps before anyone's second: the copy engine
+    // serves an SM's requests roughly in order, so this gets every warp its
+    // first tile early. The first barrier also publishes qf and the mbarriers.
+    __syncthreads();
+#pragma unroll 1
+    for (int s = 0; s < NSW; s++) {
+        issue(s);
+        if (s == 0) { // q's B fragments, both maps (2 x 32 lanes x 32 words), while copies fly
+            for (int i = tid; i < 2 * 32 * 32; i += NT) {
+                const int map = i >> 10, ln = (i >> 5) & 31, wi = i & 31;
+                if (map == 0) {
+                    if (!QUANT) continue;
+                    if (TGT) tc_qb_word<1>(qb, qf, ln, wi);
+                    else tc_qb_word<0>(qb, qf, ln, wi);
+                } else {
+                    tc_qb_word<2>(qb + 32 * 32, qf, ln, wi);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    TC_TRACE(1);
+
+    // ---- per-lane state ----
+    float acc[8][4]; // out^T m-tile b: rows tc_out_ch(g, b, 0 | 1), query vectors 2t, 2t+1
 #pragma unroll
     for (int b = 0; b < 8; b++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[b][i] = 0.0f;
     float mrun[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
-    float qz[2] = {0.0f, 0.0f};  // q.Z of the current block, query vectors 2t, 2t+1
-    uint32_t qh[16], ql[16];     // q*S packed (hi, lo) for query vector g, chunk t
-    int cur_u = -2;
-    const size_t es = sizeof(T);
-    // Which of the query vectors 2t, 2t+1 exist, and their rows' positions.
+    float qz[2] = {0.0f, 0.0f};     // the current block's score offset (log2 units), query vectors 2t, 2t+1
+    uint32_t qsh[16], qsl[16];      // the current block's q * S B fragments (hi, lo)
+    bool qdom = QUANT;              // accumulators still in the code domain
     int qpos[2];
     bool qok[2], qpre[2];
 #pragma unroll
@@ -357,312 +554,390 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         qpos[h] = S.pos0 + (qok[h] ? m / gq : 0);
         qpre[h] = row_uses_prequant(qpos[h], G, nq, pq);
     }
+    // Code domain -> values (exact powers of two): the draft's m-tiles 0-3
+    // hold U * S * 2^-24, 4-7 16U * S * 2^-24; the target's (C8 + 8) * S * 2^-24
+    // for (C8 + 8) * S/16.
+    auto to_values = [&]() {
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            const float f = TGT ? 1048576.0f : (b < 4 ? K24 : 1048576.0f);
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[b][i] *= f;
+        }
+    };
 
-#pragma unroll 1
-    for (int j = 0; j < C::NS - 1; j++) issue(j);
+    // One online-softmax step over NMT score m-tiles of a tile. sc: raw MMA
+    // results (times ks, plus off[h], are the scores in log2 units). Returns
+    // the weights in sc. MASK: per-entry validity (tokens, query vectors,
+    // causality, the C_F1 row classes); unmasked tiles skip it.
+    auto softmax = [&](auto nmt_c, auto mask_c, float (&sc)[2][4], float ks, const float (&off)[2], int tpos,
+                       int tl, int rmask) {
+        constexpr int NMT = decltype(nmt_c)::value;
+        constexpr bool MASK = decltype(mask_c)::value;
+        bool okv[2][4];
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int m = 0; m < TC_M; m++) qs[m * TC_QS_M + (tid >> 5) * TC_QS_C + (tid & 31)] = qreg[m] * P.scale_log2;
-    __syncthreads(); // q staged for every warp
-
-#pragma unroll 1
-    for (int j = 0; j < n_items; j++) {
-        issue(j + C::NS - 1);
-        cp_wait<C::NS - 1>();
-        __syncwarp();
-        const item it = get_item(j);
-        if (it.tl > 0) {
-            const uint8_t *st = ring + (j % C::NS) * C::stage;
-            // ---- q * S_c (and q.Z) when the unit changes ----
-            if (it.u != cur_u) {
-                cur_u = it.u;
-                // Word w (channels 8w..8w+7 of the lane's chunk t) at a
-                // time: 16-byte reads of q, the K steps and zeros; flat half2
-                // f = 4w + j pairs two channels of that word (kpair).
-                const float *qrow = qs + g8 * TC_QS_M + t4 * TC_QS_C;
-                float qzp = 0.0f;
+        for (int mt = 0; mt < NMT; mt++)
 #pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    const float4 q0 = *(const float4 *)(qrow + 8 * w), q1 = *(const float4 *)(qrow + 8 * w + 4);
-                    float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-                    if (!it.fp) { // q.Z, then q * S (in place)
-                        const uint4 kzw = *(const uint4 *)(st + C::o_ks + (D + 32 * t4 + 8 * w) * 2);
-                        const uint32_t zw[4] = {kzw.x, kzw.y, kzw.z, kzw.w};
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float2 z = t2_f2<T>(zw[i]);
-                            qzp = fmaf(qv[2 * i], z.x, qzp);
-                            qzp = fmaf(qv[2 * i + 1], z.y, qzp);
-                        }
-                        const uint4 ksw = *(const uint4 *)(st + C::o_ks + (32 * t4 + 8 * w) * 2);
-                        const uint32_t kw[4] = {ksw.x, ksw.y, ksw.z, ksw.w};
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float2 k = t2_f2<T>(kw[i]);
-                            qv[2 * i] *= k.x * (TGT ? 0.0625f : 1.0f);
-                            qv[2 * i + 1] *= k.y * (TGT ? 0.0625f : 1.0f);
-                        }
-                    }
-#pragma unroll
-                    for (int jj = 0; jj < 4; jj++) {
-                        const int f = 4 * w + jj;
-                        float a, b;
-                        if (it.fp) {
-                            a = qv[2 * jj]; // kpair<2>(f) = (2f, 2f + 1)
-                            b = qv[2 * jj + 1];
-                        } else {
-                            const int2 cp = TGT ? kpair<1>(f) : kpair<0>(f);
-                            a = qv[cp.x - 8 * w]; // channels within the word
-                            b = qv[cp.y - 8 * w];
-                        }
-                        const __half2 hi = __floats2half2_rn(a, b);
-                        const float2 hf = __half22float2(hi);
-                        qh[f] = h2u(hi);
-                        ql[f] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
-                        if (TGT && !it.fp) qzp = fmaf(-8.0f, a + b, qzp); // the -8 of C8 = (C8 + 8) - 8
-                    }
+            for (int i = 0; i < 4; i++) {
+                bool ok = true;
+                if constexpr (MASK) {
+                    const int tk = 16 * mt + tg + 8 * (i >> 1), h = i & 1;
+                    ok = qok[h] && tk < tl && tpos + tk <= qpos[h];
+                    if (rmask) ok = ok && (qpre[h] == (rmask == 1));
+                    if (!ok) sc[mt][i] = -INFINITY;
                 }
-                qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
-                qzp += __shfl_xor_sync(0xffffffffu, qzp, 2);
-                qz[0] = __shfl_sync(0xffffffffu, qzp, 4 * (2 * t4));
-                qz[1] = __shfl_sync(0xffffffffu, qzp, 4 * (2 * t4 + 1));
+                okv[mt][i] = ok;
+                mx[i & 1] = fmaxf(mx[i & 1], sc[mt][i]);
             }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
+            if (!MASK || mx[h] != -INFINITY) mx[h] = fmaf(mx[h], ks, off[h]);
+        }
+        // The running max moves rarely after the first tiles: rescale only
+        // then (alpha == 1 exactly otherwise, so skipping is exact).
+        if (__any_sync(0xffffffffu, mx[0] > mrun[0] || mx[1] > mrun[1])) {
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float mnew = fmaxf(mrun[h], mx[h]);
+                alpha[h] = mnew == -INFINITY ? 1.0f : ex2_ftz(mrun[h] - mnew);
+                mrun[h] = mnew;
+                lsum[h] *= alpha[h];
+                zsum[h] *= alpha[h];
+            }
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                acc[b][0] *= alpha[0];
+                acc[b][2] *= alpha[0];
+                acc[b][1] *= alpha[1];
+                acc[b][3] *= alpha[1];
+            }
+        }
+        const float o0 = off[0] - mrun[0], o1 = off[1] - mrun[1];
+#pragma unroll
+        for (int mt = 0; mt < NMT; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = ex2_ftz(fmaf(sc[mt][i], ks, (i & 1) ? o1 : o0));
+                sc[mt][i] = (!MASK || okv[mt][i]) ? p : 0.0f;
+                lsum[i & 1] += sc[mt][i];
+            }
+    };
 
-            // ---- scores^T: two 16-token tiles ----
-            float sc[2][4];
+    // One 32-token sub-slice of a quantized tile: tokens [sb, sb + 32) of
+    // the slot, tl of them valid from there, the first at position tpos.
+    auto quant_sub = [&](const uint8_t *st, int sb, int tpos, int tl, int rmask) {
+        // ---- scores: two 16-token m-tiles, 16 MMAs each ----
+        // lane (g, t): tokens 16mt + tg and + 8 (tc_tok), 16-byte chunk t of each row
+        uint4 ku[2][2], kl[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int off = 64 * (sb + 16 * mt + tg + 8 * rr) + 16 * t4;
+                ku[mt][rr] = *(const uint4 *)(st + C::Q_KU + off);
+                if (TGT) kl[mt][rr] = *(const uint4 *)(st + C::Q_KL + off);
+            }
+        float sc[2][4], sl2[2][4]; // hi and lo chains (two short MMA dependency chains per m-tile)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[mt][i] = sl2[mt][i] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
-                uint32_t hk[2][16]; // rows g, g+8
-#pragma unroll
-                for (int rr = 0; rr < 2; rr++) {
-                    const int r = 16 * mt + g8 + 8 * rr;
-                    if (!it.fp) {
-                        const uint4 u = *(const uint4 *)(st + C::o_ku + tc_sw(r, t4));
-                        const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
-                        if (TGT) {
-                            const uint4 l = *(const uint4 *)(st + C::o_kl + tc_sw(r, t4));
-                            const uint32_t lw[4] = {l.x, l.y, l.z, l.w};
-#pragma unroll
-                            for (int w = 0; w < 4; w++) {
-                                uint32_t h[4];
-                                target_k4(uw[w], lw[w], h);
-#pragma unroll
-                                for (int i = 0; i < 4; i++) hk[rr][4 * w + i] = h[i];
-                            }
-                        } else {
-#pragma unroll
-                            for (int w = 0; w < 4; w++) {
-                                uint32_t h[4];
-                                draft_k4(uw[w], h);
-#pragma unroll
-                                for (int i = 0; i < 4; i++) hk[rr][4 * w + i] = h[i];
-                            }
-                        }
-                    } else {
-                        const uint8_t *row = P.fp + nb_kv_fp_offset(&lay, P.layer, it.blk, kvh, 0, it.t0 + r) * es;
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const uint4 v = ldg16(row + 64 * t4 + 16 * i);
-                            hk[rr][4 * i + 0] = fp_pair_h<T>(v.x);
-                            hk[rr][4 * i + 1] = fp_pair_h<T>(v.y);
-                            hk[rr][4 * i + 2] = fp_pair_h<T>(v.z);
-                            hk[rr][4 * i + 3] = fp_pair_h<T>(v.w);
-                        }
-                    }
-                }
-                // four independent accumulator chains (hi/lo x even/odd
-                // k-steps), summed in a fixed order: short mma dependency chains
-                float ch[4][4];
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) ch[c][i] = 0.0f;
-#pragma unroll
-                for (int s = 0; s < 8; s++) {
-                    const uint32_t a[4] = {hk[0][2 * s], hk[1][2 * s], hk[0][2 * s + 1], hk[1][2 * s + 1]};
-                    mma16816(ch[s & 1], a, qh[2 * s], qh[2 * s + 1]);
-                    mma16816(ch[2 + (s & 1)], a, ql[2 * s], ql[2 * s + 1]);
+                const uint32_t u0 = (&ku[mt][0].x)[w], u1 = (&ku[mt][1].x)[w];
+                uint32_t h0[4], h1[4];
+                if (TGT) {
+                    target_k4(u0, (&kl[mt][0].x)[w], h0);
+                    target_k4(u1, (&kl[mt][1].x)[w], h1);
+                } else {
+                    draft_k4(u0, h0);
+                    draft_k4(u1, h1);
                 }
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if (it.fp) {
-                        sc[mt][i] = (ch[0][i] + ch[1][i]) + (ch[2][i] + ch[3][i]);
-                    } else if (TGT) { // (C8 + 8) * 2^-24 (target_k4)
-                        sc[mt][i] = ((ch[0][i] + ch[1][i]) + (ch[2][i] + ch[3][i])) * 16777216.0f;
-                    } else { // even k-steps: U * 2^-24, odd: 16U * 2^-24 (draft_k4)
-                        sc[mt][i] = fmaf(ch[1][i] + ch[3][i], 1048576.0f, (ch[0][i] + ch[2][i]) * 16777216.0f);
-                    }
-                }
-            }
-
-            // ---- mask, online softmax per query vector (column) ----
-            float vst[2][2], vze[2][2]; // [mt][row g / g+8]: V step and zero of the lane's tokens
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int rr = 0; rr < 2; rr++) {
-                    const int r = 16 * mt + g8 + 8 * rr;
-                    if (!it.fp) {
-                        vst[mt][rr] = ldf<T>((const T *)(st + C::o_vs) + r) * (TGT ? 0.0625f : 1.0f);
-                        vze[mt][rr] = ldf<T>((const T *)(st + C::o_vz) + r);
-                    } else {
-                        vst[mt][rr] = 1.0f;
-                        vze[mt][rr] = 0.0f;
-                    }
-                }
-            float pw[2][4]; // weights (unscaled), same layout as sc
-            // One online-softmax step per query vector (column) h. MASK: the
-            // causal / length / C_F1 row masks; a slice every row sees whole
-            // (warp-uniform `full`) runs without them. The accumulators are
-            // rescaled only when some running max moved (alpha == 1
-            // otherwise, so skipping is exact).
-            auto softmax = [&](auto masked) {
-                constexpr bool MASK = decltype(masked)::value;
-                float alpha[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float cm = -INFINITY;
-                    bool okv[2][2];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++) {
-                            bool ok = true;
-                            if constexpr (MASK) {
-                                const int r = 16 * mt + g8 + 8 * rr;
-                                ok = qok[h] && r < it.tl && it.upos + it.t0 + r <= qpos[h];
-                                if (it.rmask) ok = ok && (qpre[h] == (it.rmask == 1));
-                            }
-                            okv[mt][rr] = ok;
-                            const float s = ok ? sc[mt][2 * rr + h] + (it.fp ? 0.0f : qz[h]) : -INFINITY;
-                            sc[mt][2 * rr + h] = s;
-                            cm = fmaxf(cm, s);
-                        }
-                    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
-                    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
-                    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
-                    const float mnew = fmaxf(mrun[h], cm);
-                    // 0 on a column's first scores (mrun = -inf); 1 while a
-                    // masked column has seen nothing (mnew = -inf)
-                    alpha[h] = (MASK && mnew == -INFINITY) ? 1.0f : ex2_ftz(mrun[h] - mnew);
-                    mrun[h] = mnew;
-                    float ls = 0.0f, zs = 0.0f;
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++) {
-                            const float p = okv[mt][rr] ? ex2_ftz(sc[mt][2 * rr + h] - mnew) : 0.0f;
-                            ls += p;
-                            if (okv[mt][rr]) zs = fmaf(p, vze[mt][rr], zs); // unused slots may hold NaN
-                            pw[mt][2 * rr + h] = okv[mt][rr] ? p * vst[mt][rr] : 0.0f;
-                        }
-                    lsum[h] = fmaf(lsum[h], alpha[h], ls);
-                    zsum[h] = fmaf(zsum[h], alpha[h], zs);
-                }
-                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                    for (int b = 0; b < 8; b++) {
-                        acc[b][0] *= alpha[0];
-                        acc[b][2] *= alpha[0];
-                        acc[b][1] *= alpha[1];
-                        acc[b][3] *= alpha[1];
-                    }
-                }
-            };
-            if (it.tl == 32 && it.rmask == 0 && it.upos + it.t0 + 31 <= S.pos0) {
-                softmax(std::false_type{});
-            } else {
-                softmax(std::true_type{});
-            }
-
-            // ---- out^T += V^T . P'^T, one 16-token k-step per score tile ----
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const uint32_t lo = h2u(__floats2half2_rn(pw[mt][0], pw[mt][1]));
-                const uint32_t hi = h2u(__floats2half2_rn(pw[mt][2], pw[mt][3]));
-                const int s1 = 4 * (2 * t4) + (g8 >> 1), s2 = s1 + 4;
-                const uint32_t x0 = __shfl_sync(0xffffffffu, lo, s1), x1 = __shfl_sync(0xffffffffu, hi, s1);
-                const uint32_t x2 = __shfl_sync(0xffffffffu, lo, s2), x3 = __shfl_sync(0xffffffffu, hi, s2);
-                const uint32_t sel = (g8 & 1) ? 0x7632u : 0x5410u;
-                const uint32_t b0 = __byte_perm(x0, x2, sel), b1 = __byte_perm(x1, x3, sel);
-                // A fragments: rows (channel 16g+2b, 16g+2b+1), tokens (2t, 2t+1 | 2t+8, 2t+9)
-                uint32_t av[8][4];
-#pragma unroll
-                for (int kh = 0; kh < 2; kh++) { // token pair (2t, 2t+1) + 8*kh
-                    const int ra = 16 * mt + 2 * t4 + 8 * kh, rb = ra + 1;
-                    if (!it.fp) {
-                        // 8 bytes of rows ra, rb: bytes 8g..8g+7 = chunk g>>1, half g&1.
-                        // Lanes with odd t read rb first, so each load's 16
-                        // lanes hit rows of both parities: no bank conflicts.
-                        const bool sw = t4 & 1;
-                        const int r1 = sw ? rb : ra, r2 = sw ? ra : rb;
-                        uint2 ua = *(const uint2 *)(st + C::o_vu + tc_sw(r1, g8 >> 1) + 8 * (g8 & 1));
-                        uint2 ub = *(const uint2 *)(st + C::o_vu + tc_sw(r2, g8 >> 1) + 8 * (g8 & 1));
-                        if (sw) { const uint2 x = ua; ua = ub; ub = x; }
-                        if (TGT) {
-                            uint2 la = *(const uint2 *)(st + C::o_vl + tc_sw(r1, g8 >> 1) + 8 * (g8 & 1));
-                            uint2 lb = *(const uint2 *)(st + C::o_vl + tc_sw(r2, g8 >> 1) + 8 * (g8 & 1));
-                            if (sw) { const uint2 x = la; la = lb; lb = x; }
-                            const uint32_t wa[2] = {ua.x, ua.y}, wb[2] = {ub.x, ub.y};
-                            const uint32_t va[2] = {la.x, la.y}, vb[2] = {lb.x, lb.y};
-#pragma unroll
-                            for (int w = 0; w < 2; w++) {
-                                const uint32_t ea = codes_even(wa[w], va[w]), eb = codes_even(wb[w], vb[w]);
-                                const uint32_t oa = codes_odd(wa[w], va[w]), ob = codes_odd(wb[w], vb[w]);
-#pragma unroll
-                                for (int k = 0; k < 4; k++) {
-                                    const uint32_t sk = (uint32_t)(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12));
-                                    av[4 * w + k][2 * kh + 0] =
-                                        hsub_const(and_or1024<0x00ff00ffu>(__byte_perm(ea, eb, sk)), H1032);
-                                    av[4 * w + k][2 * kh + 1] =
-                                        hsub_const(and_or1024<0x00ff00ffu>(__byte_perm(oa, ob, sk)), H1032);
-                                }
-                            }
-                        } else {
-                            const uint32_t wa[2] = {ua.x, ua.y}, wb[2] = {ub.x, ub.y};
-                            const __half2 k16 = __float2half2_rn(0.0625f), km64 = __float2half2_rn(-64.0f);
-#pragma unroll
-                            for (int w = 0; w < 2; w++) {
-#pragma unroll
-                                for (int hb = 0; hb < 2; hb++) { // bytes (0,1) then (2,3) of the words
-                                    const uint32_t x = __byte_perm(wa[w], wb[w], hb ? 0x7632u : 0x5410u);
-                                    const uint32_t y = x >> 8;
-                                    const int b = 4 * w + 2 * hb;
-                                    av[b][2 * kh] = hsub_const(and_or1024<0x000f000fu>(x), H1024);
-                                    av[b][2 * kh + 1] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(x)), k16, km64));
-                                    av[b + 1][2 * kh] = hsub_const(and_or1024<0x000f000fu>(y), H1024);
-                                    av[b + 1][2 * kh + 1] = h2u(__hfma2(u2h(and_or1024<0x00f000f0u>(y)), k16, km64));
-                                }
-                            }
-                        }
-                    } else {
-                        // FP rows: channels 16g..16g+15 = 32 bytes; tokens past tl read as 0
-                        const bool oka = ra < it.tl, okb = rb < it.tl;
-                        const uint8_t *pa = P.fp + nb_kv_fp_offset(&lay, P.layer, it.blk, kvh, 1, it.t0 + ra) * es + 32 * g8;
-                        const uint8_t *pb = P.fp + nb_kv_fp_offset(&lay, P.layer, it.blk, kvh, 1, it.t0 + rb) * es + 32 * g8;
-                        uint4 A0 = make_uint4(0, 0, 0, 0), A1 = A0, B0 = A0, B1 = A0;
-                        if (oka) { A0 = ldg16(pa); A1 = ldg16(pa + 16); }
-                        if (okb) { B0 = ldg16(pb); B1 = ldg16(pb + 16); }
-                        const uint32_t wa[8] = {A0.x, A0.y, A0.z, A0.w, A1.x, A1.y, A1.z, A1.w};
-                        const uint32_t wb[8] = {B0.x, B0.y, B0.z, B0.w, B1.x, B1.y, B1.z, B1.w};
-#pragma unroll
-                        for (int b = 0; b < 8; b++) {
-                            const uint32_t ha = fp_pair_h<T>(wa[b]), hb = fp_pair_h<T>(wb[b]);
-                            av[b][2 * kh] = __byte_perm(ha, hb, 0x5410u);
-                            av[b][2 * kh + 1] = __byte_perm(ha, hb, 0x7632u);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int b = 0; b < 8; b++) {
-                    // a0 = (row g, tokens 2t,2t+1), a1 = (row g+8, same), a2/a3 = tokens + 8
-                    const uint32_t a[4] = {av[b][0], av[b][1], av[b][2], av[b][3]};
-                    mma16816(acc[b], a, b0, b1);
+                for (int e = 0; e < 2; e++) {
+                    const int s = 2 * w + e;
+                    const uint32_t a[4] = {h0[2 * e], h1[2 * e], h0[2 * e + 1], h1[2 * e + 1]};
+                    mma16816(sc[mt], a, qsh[2 * s], qsh[2 * s + 1]);
+                    mma16816(sl2[mt], a, qsl[2 * s], qsl[2 * s + 1]);
                 }
             }
         }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[mt][i] += sl2[mt][i];
+        if (tl >= 32 && rmask == 0 && tpos + 31 <= S.pos0)
+            softmax(std::integral_constant<int, 2>{}, std::false_type{}, sc, K24, qz, tpos, tl, rmask);
+        else
+            softmax(std::integral_constant<int, 2>{}, std::true_type{}, sc, K24, qz, tpos, tl, rmask);
+
+        // ---- P' = p * S_t, V zero term, to B fragments ----
+        uint32_t pb[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const int r0 = sb + 16 * mt + tg; // and r0 + 8
+            const float2 vs = make_float2(t2_f2<T>(*(const uint16_t *)(st + C::Q_VS + 2 * r0)).x,
+                                          t2_f2<T>(*(const uint16_t *)(st + C::Q_VS + 2 * r0 + 16)).x);
+            const float2 vz = make_float2(t2_f2<T>(*(const uint16_t *)(st + C::Q_VZ + 2 * r0)).x,
+                                          t2_f2<T>(*(const uint16_t *)(st + C::Q_VZ + 2 * r0 + 16)).x);
+            // target V = code * S/16 + (Z - S/2); draft V = U * S + Z
+            const float z0 = TGT ? fmaf(-0.5f, vs.x, vz.x) : vz.x, z1 = TGT ? fmaf(-0.5f, vs.y, vz.y) : vz.y;
+            zsum[0] = fmaf(sc[mt][0], z0, fmaf(sc[mt][2], z1, zsum[0]));
+            zsum[1] = fmaf(sc[mt][1], z0, fmaf(sc[mt][3], z1, zsum[1]));
+            pb[mt][0] = movm_t(h2u(__floats2half2_rn(sc[mt][0] * vs.x, sc[mt][1] * vs.x)));
+            pb[mt][1] = movm_t(h2u(__floats2half2_rn(sc[mt][2] * vs.y, sc[mt][3] * vs.y)));
+        }
+
+        // ---- out^T += V codes^T . P'^T, one k-step per m-tile of tokens ----
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            // tokens A = ta, C = ta + 8, B = ta ^ 1, D = B + 8 of the m-tile: pairs (A, B) -> a0/a1, (C, D) -> a2/a3
+            const int vrow[4] = {sb + 16 * mt + ta, sb + 16 * mt + ta + 8, sb + 16 * mt + (ta ^ 1),
+                                 sb + 16 * mt + (ta ^ 1) + 8};
+            uint2 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = *(const uint2 *)(st + C::Q_VU + 64 * vrow[k] + 8 * g8);
+            uint32_t cw[4][4]; // target: [token][even lo, odd lo, even hi, odd hi] codes
+            if (TGT) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint2 l = *(const uint2 *)(st + C::Q_VL + 64 * vrow[k] + 8 * g8);
+                    cw[k][0] = codes_even(v[k].x, l.x);
+                    cw[k][1] = codes_odd(v[k].x, l.x);
+                    cw[k][2] = codes_even(v[k].y, l.y);
+                    cw[k][3] = codes_odd(v[k].y, l.y);
+                }
+            }
+            // m-tile q: even channels 4q, 4q+2; m-tile 4+q: odd channels 4q+1, 4q+3.
+            // Token pairs (v0, v2) -> a0/a1, (v1, v3) -> a2/a3.
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint32_t ae[4], ao[4];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++) {
+                    const uint32_t bsel = (q & 1) ? 0x7632 : 0x5410;
+                    if (TGT) {
+                        const int wsel = (q >> 1) * 2;
+                        const uint32_t xe = prmt(cw[pr][wsel], cw[pr + 2][wsel], bsel);
+                        const uint32_t xo = prmt(cw[pr][wsel + 1], cw[pr + 2][wsel + 1], bsel);
+                        ae[2 * pr] = prmt(xe, 0u, 0x4240);
+                        ae[2 * pr + 1] = prmt(xe, 0u, 0x4341);
+                        ao[2 * pr] = prmt(xo, 0u, 0x4240);
+                        ao[2 * pr + 1] = prmt(xo, 0u, 0x4341);
+                    } else {
+                        const uint32_t a = (q < 2) ? v[pr].x : v[pr].y, b = (q < 2) ? v[pr + 2].x : v[pr + 2].y;
+                        const uint32_t x = prmt(a, b, bsel);
+                        const uint32_t y = x >> 8;
+                        ae[2 * pr] = x & 0x000f000fu;     // channel 4q
+                        ae[2 * pr + 1] = y & 0x000f000fu; // 4q+2
+                        ao[2 * pr] = x & 0x00f000f0u;     // 4q+1 (x16)
+                        ao[2 * pr + 1] = y & 0x00f000f0u; // 4q+3 (x16)
+                    }
+                }
+                mma16816(acc[q], ae, pb[mt][0], pb[mt][1]);
+                mma16816(acc[4 + q], ao, pb[mt][0], pb[mt][1]);
+            }
+        }
+    };
+
+    const uint32_t *qb_q = qb, *qb_fp = qb + 32 * 32;
+
+#pragma unroll 1
+    for (int slot = 0, par = 0;;) {
+        mbar_wait(wbar + slot, par);
+        const int4 dsc = wdesc[slot];
+        if (dsc.z & TCF_END) break;
+        const uint8_t *st = wring + slot * C::SLOT;
+        const int fl = dsc.z & 0xff, tl = dsc.z >> 8, tpos = dsc.y, rmask = (fl >> 1) & 3;
+
+        if (!(fl & TCF_FP)) {
+            // ======== quantized tile: QT tokens ========
+            if (fl & TCF_NEWBLK) { // fold the block's K steps into q, and its q.Z
+                const uint8_t *ksp = st + C::Q_KS;
+                if constexpr (F16) {
+                    uint32_t sw[16];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint4 v = *(const uint4 *)(ksp + 64 * t4 + 16 * i);
+                        sw[4 * i] = v.x;
+                        sw[4 * i + 1] = v.y;
+                        sw[4 * i + 2] = v.z;
+                        sw[4 * i + 3] = v.w;
+                    }
+#pragma unroll
+                    for (int s = 0; s < 8; s++) {
+                        const int w = s >> 1, e = s & 1;
+                        // q's words 2s, 2s+1 (hi) and 16 + 2s, 16 + 2s + 1 (lo)
+                        const uint2 xh = *(const uint2 *)(qb_q + ((s >> 1) * 32 + lane) * 4 + 2 * e);
+                        const uint2 xl = *(const uint2 *)(qb_q + ((4 + (s >> 1)) * 32 + lane) * 4 + 2 * e);
+                        uint32_t sp[2];
+                        if (TGT) {
+                            sp[0] = prmt(sw[4 * w], sw[4 * w + 1], e ? 0x7632 : 0x5410);
+                            sp[1] = prmt(sw[4 * w + 2], sw[4 * w + 3], e ? 0x7632 : 0x5410);
+                        } else {
+                            sp[0] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x5410);
+                            sp[1] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x7632);
+                        }
+#pragma unroll
+                        for (int r = 0; r < 2; r++) {
+                            // hi + lo = x * S to ~22 bits: hi rounded, lo the exact
+                            // product residual plus the low part of x times S
+                            const __half2 sv = u2h(sp[r]);
+                            const __half2 xhr = u2h(r ? xh.y : xh.x), xlr = u2h(r ? xl.y : xl.x);
+                            const __half2 hi = __hmul2(xhr, sv);
+                            __half2 lo = __hfma2(xhr, sv, __hneg2(hi));
+                            lo = __hfma2(xlr, sv, lo);
+                            qsh[2 * s + r] = h2u(hi);
+                            qsl[2 * s + r] = h2u(lo);
+                        }
+                    }
+                    // q.Z (even rows) and q.S (odd rows) of all 8 query vectors
+                    // by MMA: A = the zero / step row in the FP k map, B = q.
+                    const uint8_t *ysrc = ksp + ((g8 & 1) ? 0 : 2 * D);
+                    float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint4 y = *(const uint4 *)(ysrc + 16 * (t4 + 4 * i));
+                        const uint4 fh = *(const uint4 *)(qb_fp + (i * 32 + lane) * 4);       // words 4i .. 4i+3
+                        const uint4 fl = *(const uint4 *)(qb_fp + ((4 + i) * 32 + lane) * 4); // 16 + 4i ..
+                        const uint32_t a0[4] = {y.x, y.x, y.y, y.y}, a1[4] = {y.z, y.z, y.w, y.w};
+                        mma16816(cz, a0, fh.x, fh.y);
+                        mma16816(cl, a0, fl.x, fl.y);
+                        mma16816(cz, a1, fh.z, fh.w);
+                        mma16816(cl, a1, fl.z, fl.w);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; i++) cz[i] += cl[i];
+                    const float x0 = __shfl_xor_sync(0xffffffffu, cz[0], 4);
+                    const float x1 = __shfl_xor_sync(0xffffffffu, cz[1], 4);
+                    const bool odd = g8 & 1;
+                    const float z0 = odd ? x0 : cz[0], z1 = odd ? x1 : cz[1];
+                    const float s0 = odd ? cz[0] : x0, s1 = odd ? cz[1] : x1;
+                    qz[0] = TGT ? fmaf(-0.5f, s0, z0) : z0; // C8 = code - 8: -8 * S/16 per channel
+                    qz[1] = TGT ? fmaf(-0.5f, s1, z1) : z1;
+                } else {
+                    // bf16 steps and zeros: f32 products, split into f16 hi + lo
+                    const float *x = qf + g8 * D;
+                    float zp = 0.0f, sp = 0.0f;
+#pragma unroll
+                    for (int wi = 0; wi < 16; wi++) {
+                        float f;
+                        const int2 c = tc_qb_ch<TGT ? 1 : 0>(t4, wi, f);
+                        const float sa = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.x)).x;
+                        const float sb = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.y)).x;
+                        const float a = x[c.x] * sa * f, b = x[c.y] * sb * f;
+                        const __half2 hi = __floats2half2_rn(a, b);
+                        const float2 hf = __half22float2(hi);
+                        qsh[wi] = h2u(hi);
+                        qsl[wi] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                    }
+#pragma unroll 4
+                    for (int c = 32 * t4; c < 32 * t4 + 32; c += 2) {
+                        const float2 sv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * c));
+                        const float2 zv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * (D + c)));
+                        zp = fmaf(x[c], zv.x, fmaf(x[c + 1], zv.y, zp));
+                        sp = fmaf(x[c], sv.x, fmaf(x[c + 1], sv.y, sp));
+                    }
+                    zp += __shfl_xor_sync(0xffffffffu, zp, 1);
+                    zp += __shfl_xor_sync(0xffffffffu, zp, 2);
+                    sp += __shfl_xor_sync(0xffffffffu, sp, 1);
+                    sp += __shfl_xor_sync(0xffffffffu, sp, 2);
+                    // lane (g, t) now holds query vector g's sums; take 2t and 2t+1's
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float z = __shfl_sync(0xffffffffu, zp, 4 * (2 * t4 + h));
+                        const float s = __shfl_sync(0xffffffffu, sp, 4 * (2 * t4 + h));
+                        qz[h] = TGT ? fmaf(-0.5f, s, z) : z;
+                    }
+                }
+            }
+            quant_sub(st, 0, tpos, tl, rmask);
+            if (QT == 64 && tl > 32) quant_sub(st, 32, tpos + 32, tl - 32, rmask);
+        } else {
+            // ======== FP tile: 16 tokens ========
+            if (qdom) {
+                to_values();
+                qdom = false;
+            }
+            float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *kr = st + C::F_K + 256 * tg + 16 * (t4 + 4 * i);
+                const uint4 x0 = *(const uint4 *)kr, x1 = *(const uint4 *)(kr + 256 * 8);
+                const uint4 fh = *(const uint4 *)(qb_fp + (i * 32 + lane) * 4);       // k-steps 2i, 2i+1 (hi)
+                const uint4 fl = *(const uint4 *)(qb_fp + ((4 + i) * 32 + lane) * 4); // (lo)
+                const uint32_t w0[4] = {fp_pair_h<T>(x0.x), fp_pair_h<T>(x0.y), fp_pair_h<T>(x0.z),
+                                        fp_pair_h<T>(x0.w)};
+                const uint32_t w1[4] = {fp_pair_h<T>(x1.x), fp_pair_h<T>(x1.y), fp_pair_h<T>(x1.z),
+                                        fp_pair_h<T>(x1.w)};
+                const uint32_t a0[4] = {w0[0], w1[0], w0[1], w1[1]}, a1[4] = {w0[2], w1[2], w0[3], w1[3]};
+                mma16816(sc[0], a0, fh.x, fh.y);
+                mma16816(sc[1], a0, fl.x, fl.y);
+                mma16816(sc[0], a1, fh.z, fh.w);
+                mma16816(sc[1], a1, fl.z, fl.w);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                sc[0][i] += sc[1][i];
+                sc[1][i] = 0.0f;
+            }
+            const float zero2[2] = {0.0f, 0.0f};
+            if (tl == 16 && rmask == 0 && tpos + 15 <= S.pos0)
+                softmax(std::integral_constant<int, 1>{}, std::false_type{}, sc, 1.0f, zero2, tpos, tl, rmask);
+            else
+                softmax(std::integral_constant<int, 1>{}, std::true_type{}, sc, 1.0f, zero2, tpos, tl, rmask);
+            const uint32_t b0 = movm_t(h2u(__floats2half2_rn(sc[0][0], sc[0][1])));
+            const uint32_t b1 = movm_t(h2u(__floats2half2_rn(sc[0][2], sc[0][3])));
+            // V rows of tokens ta, ta + 8, ta ^ 1, (ta ^ 1) + 8, the lane's channels 16g .. 16g+15
+            uint32_t fw[4][8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int tk = (k & 2 ? ta ^ 1 : ta) + 8 * (k & 1);
+                const uint8_t *vr = st + C::F_V + 256 * tk + 32 * g8;
+                uint4 lo = *(const uint4 *)vr, hi = *(const uint4 *)(vr + 16);
+                if (tk >= tl) lo = hi = make_uint4(0, 0, 0, 0); // unwritten slots may hold NaN
+                fw[k][0] = fp_pair_h<T>(lo.x);
+                fw[k][1] = fp_pair_h<T>(lo.y);
+                fw[k][2] = fp_pair_h<T>(lo.z);
+                fw[k][3] = fp_pair_h<T>(lo.w);
+                fw[k][4] = fp_pair_h<T>(hi.x);
+                fw[k][5] = fp_pair_h<T>(hi.y);
+                fw[k][6] = fp_pair_h<T>(hi.z);
+                fw[k][7] = fp_pair_h<T>(hi.w);
+            }
+            uint32_t av[8][4];
+#pragma unroll
+            for (int pr = 0; pr < 2; pr++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    // word 2q = channels (4q, 4q+1), word 2q+1 = (4q+2, 4q+3)
+                    av[q][2 * pr] = prmt(fw[pr][2 * q], fw[pr + 2][2 * q], 0x5410);
+                    av[q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x5410);
+                    av[4 + q][2 * pr] = prmt(fw[pr][2 * q], fw[pr + 2][2 * q], 0x7632);
+                    av[4 + q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x7632);
+                }
+#pragma unroll
+            for (int b = 0; b < 8; b++) mma16816(acc[b], av[b], b0, b1);
+        }
+
+        // The slot is consumed: refill it with the tile NSW ahead.
         __syncwarp();
+        if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        issue(slot);
+        if (++slot == NSW) {
+            slot = 0;
+            par ^= 1;
+        }
     }
-    cp_wait<0>();
+    if (qdom) to_values();
+    TC_TRACE(2);
 
     // ---- reduce the lanes' sums, then the CTA's warps merge ----
 #pragma unroll
@@ -674,13 +949,13 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         }
     }
     __syncthreads(); // every warp is done with its ring: the merge area aliases it
-    float *mo = (float *)body;                        // [NW][8][D]
-    float *mlp = mo + TC_NW * TC_M * D;               // [NW][8][2]
+    float *mo = (float *)ring; // [NW][8][D], columns placed by mo_col<true>
+    float *mlp = mo + NW * TC_M * D;
 #pragma unroll
     for (int b = 0; b < 8; b++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int h = i & 1, m = 2 * t4 + h, c = 16 * g8 + 2 * b + (i >> 1);
+            const int h = i & 1, m = 2 * t4 + h, c = tc_out_ch(g8, b, i >> 1);
             mo[(warp * TC_M + m) * D + mo_col<true>(m, c)] = acc[b][i] + zsum[h];
         }
     if (g8 == 0) {
@@ -691,5 +966,6 @@ __global__ void __launch_bounds__(TC_NT, tc_cfg<MODE>::MIN_CTAS) pa_tc_kernel(co
         }
     }
     __syncthreads();
-    dec_cta_merge<TC_NW, TC_M, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
+    dec_cta_merge<NW, TC_M, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
+    TC_TRACE(3);
 }

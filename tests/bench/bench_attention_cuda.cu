@@ -4,17 +4,25 @@
 // Llama-3-8B (32 q / 8 kv heads x 128), batch 1 and 8, contexts 4k..128k.
 //
 // Method: random data, shuffled (non-contiguous) block tables; each timed
-// iteration is preceded by a write over a buffer of 2x the L2 size (L2
-// flushed: the cache is read cold from HBM, as in a real decode step where
-// the other layers evict it); CUDA events around the attention call only;
+// iteration is preceded by an L2 flush (the cache is read cold from HBM, as
+// in a real decode step where the other layers evict it); CUDA events
+// around the attention call only;
 // median of the timed iterations after warm-up. Bytes are what the kernel
 // must read/write: planes + scales + FP tokens + q + out. Peak bandwidth is
 // MEASURED in the same run by a device-to-device cudaMemcpy (read + write).
 // Prints a markdown table (compare_attention.py joins it with the SDPA one).
 //
 // usage: bench_attention_cuda [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]
-//   --only / --mode run one configuration / one kernel row (0..6, the order
+//                             [--flush read|write|none]
+//   --only / --mode run one configuration / one kernel row (0..8, the order
 //   of mode_names below), e.g. to profile it (tests/gpu/profile).
+//   --flush: how L2 is emptied before each timed call. read (default): a
+//   kernel reads a buffer of 4x the L2 size, so L2 holds only CLEAN lines of
+//   it, as after a layer's weight reads in a real decode step. write: a
+//   memset of 2x the L2 size (the method before session 14); it leaves up
+//   to an L2's worth of DIRTY lines, whose write-back to HBM then lands in
+//   the timed call (~17 us on an H100 for every kernel, SDPA's included).
+//   none: no flush (the KV bytes may be served from L2 when they fit).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -60,6 +68,51 @@ __global__ void fill_float(float *p, size_t n, uint32_t seed) {
     }
 }
 
+// Reads n 16-byte words; the xor is stored only if it hits a magic value
+// (practically never), which keeps the loads.
+__global__ void read_flush(const uint4 *p, size_t n, uint32_t *sink) {
+    uint32_t x = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9E3779B9u) *sink = x;
+}
+
+#ifdef NB_PA_TRACE
+// Diagnostic builds (-DNB_PA_TRACE): per-CTA timestamps of the tensor-core
+// decode kernel's last launch (kernels/paged_attention_tc.cuh, TC_TRACE).
+extern "C" int nb_pa_trace_reset(void);
+extern "C" int nb_pa_trace_read(unsigned long long *host, int n_ctas);
+static void trace_report(void) {
+    static unsigned long long tr[8192 * 5];
+    const int n = nb_pa_trace_read(tr, 8192);
+    std::vector<double> a, b, c, d;
+    unsigned long long t0 = ~0ull;
+    for (int i = 0; i < n; i++)
+        if (tr[5 * i] && tr[5 * i] < t0) t0 = tr[5 * i];
+    for (int i = 0; i < n; i++) {
+        if (!tr[5 * i]) continue;
+        a.push_back((tr[5 * i] - t0) * 1e-3);           // start
+        b.push_back((tr[5 * i + 1] - tr[5 * i]) * 1e-3); // prologue
+        c.push_back((tr[5 * i + 2] - t0) * 1e-3);       // warp 0 out of its loop
+        d.push_back((tr[5 * i + 3] - t0) * 1e-3);       // partial written
+    }
+    if (a.empty()) {
+        printf("  trace: no tensor-core CTAs\n");
+        return;
+    }
+    auto q = [](std::vector<double> v, double f) {
+        std::sort(v.begin(), v.end());
+        return v[(size_t)(f * (v.size() - 1))];
+    };
+    printf("  trace (us from the first CTA's start; min/med/max): %zu CTAs; start %.2f/%.2f/%.2f; prologue "
+           "%.2f/%.2f/%.2f; loop end %.2f/%.2f/%.2f; CTA end %.2f/%.2f/%.2f\n",
+           a.size(), q(a, 0), q(a, 0.5), q(a, 1), q(b, 0), q(b, 0.5), q(b, 1), q(c, 0), q(c, 0.5), q(c, 1),
+           q(d, 0), q(d, 0.5), q(d, 1));
+}
+#endif
+
 static float median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -67,9 +120,10 @@ static float median(std::vector<float> v) {
 
 int main(int argc, char **argv) {
     int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1;
-    const char *only_model = NULL;
+    const char *only_model = NULL, *flush_mode = "read";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--flush") && i + 1 < argc) flush_mode = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) only_mode = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
@@ -77,7 +131,9 @@ int main(int argc, char **argv) {
             only_b = atoi(argv[++i]);
             only_ctx = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I] [--flush read|write|none]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -86,9 +142,10 @@ int main(int argc, char **argv) {
                        (!quick && (only_ctx == 32768 || only_ctx == 65536 || only_ctx == 131072));
     if ((only_model && ((strcmp(only_model, "llama2-7b") && strcmp(only_model, "llama3-8b")) ||
                         (only_b != 1 && only_b != 8) || !ctx_ok)) ||
-        only_mode < -1 || only_mode > 6 || iters < 1) {
+        only_mode < -1 || only_mode > 8 || iters < 1 ||
+        (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none"))) {
         fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
-                        "(4096|16384 with --quick); --mode 0..6; --iters >= 1\n", argv[0]);
+                        "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none\n", argv[0]);
         return 2;
     }
     int n_dev = 0;
@@ -122,9 +179,13 @@ int main(int argc, char **argv) {
     CUDA_OK(cudaFree(ca));
     CUDA_OK(cudaFree(cb));
 
-    const size_t flush_bytes = (size_t)prop.l2CacheSize * 2;
+    const int flush_kind = !strcmp(flush_mode, "read") ? 0 : !strcmp(flush_mode, "write") ? 1 : 2;
+    const size_t flush_bytes = (size_t)prop.l2CacheSize * (flush_kind == 0 ? 4 : 2);
     void *flush;
+    uint32_t *sink;
     CUDA_OK(cudaMalloc(&flush, flush_bytes));
+    CUDA_OK(cudaMalloc(&sink, 4));
+    CUDA_OK(cudaMemset(flush, 0x5A, flush_bytes));
 
     // ---- pools sized for the largest case, one layer ----
     const int D = 128, G = 128, Hq = 32;
@@ -178,23 +239,23 @@ int main(int argc, char **argv) {
         const char *name;
         int hkv;
     } models[2] = {{"llama2-7b", 32}, {"llama3-8b", 8}};
-    // The first three rows take the built-in kernel choice; the last four
-    // force the scalar (f32 FMA) decode kernel (NB_PA_TC=0) and the
-    // tensor-core one (NB_PA_TC=1) for the same calls, to compare the two.
-    const nb_pa_mode modes[7] = {NB_PA_FP_ONLY, NB_PA_TARGET, NB_PA_DRAFT, NB_PA_TARGET,
-                                 NB_PA_DRAFT,   NB_PA_TARGET, NB_PA_DRAFT};
-    const char *mode_names[7] = {"nibbler-fp16",           "nibbler-int8-target",   "nibbler-int4-draft",
+    // The first three rows take the built-in kernel choice; the others force
+    // the scalar (f32 FMA) decode kernel (NB_PA_TC=0) and the tensor-core one
+    // (NB_PA_TC=1) for the same calls, to compare the two.
+    const nb_pa_mode modes[9] = {NB_PA_FP_ONLY, NB_PA_TARGET, NB_PA_DRAFT, NB_PA_TARGET, NB_PA_DRAFT,
+                                 NB_PA_TARGET,  NB_PA_DRAFT,  NB_PA_FP_ONLY, NB_PA_FP_ONLY};
+    const char *mode_names[9] = {"nibbler-fp16",           "nibbler-int8-target",   "nibbler-int4-draft",
                                  "nibbler-int8-target-fma", "nibbler-int4-draft-fma", "nibbler-int8-target-tc",
-                                 "nibbler-int4-draft-tc"};
-    const char *tc_env[7] = {NULL, NULL, NULL, "0", "0", "1", "1"};
+                                 "nibbler-int4-draft-tc",   "nibbler-fp16-fma",       "nibbler-fp16-tc"};
+    const char *tc_env[9] = {NULL, NULL, NULL, "0", "0", "1", "1", "0", "1"};
 
-    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s\n\n", peak);
+    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s\n\n", peak, flush_mode);
     printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     for (int mi = 0; mi < 2; mi++)
         for (int bi = 0; bi < 2; bi++)
             for (int ci = 0; ci < n_ctx; ci++)
-                for (int md = 0; md < 7; md++) {
+                for (int md = 0; md < 9; md++) {
                     if (only_model && (strcmp(only_model, models[mi].name) || only_b != batches[bi] ||
                                        only_ctx != ctxs_all[ci]))
                         continue;
@@ -254,8 +315,20 @@ int main(int argc, char **argv) {
                     a.workspace_bytes = wsb;
                     a.max_chunks = max_chunks;
                     std::vector<float> t;
+#ifdef NB_PA_TRACE
+                    const bool tracing = getenv("NB_BENCH_TRACE") != NULL;
+#endif
                     for (int it = 0; it < iters + 3; it++) {
-                        CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+#ifdef NB_PA_TRACE
+                        if (tracing && it == iters + 2) nb_pa_trace_reset();
+#endif
+                        if (flush_kind == 0) {
+                            read_flush<<<prop.multiProcessorCount * 8, 512>>>((const uint4 *)flush, flush_bytes / 16,
+                                                                               sink);
+                            CUDA_OK(cudaGetLastError());
+                        } else if (flush_kind == 1) {
+                            CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                        }
                         CUDA_OK(cudaEventRecord(e0));
                         nb_status st = nb_pa_attention(&a, 0);
                         CUDA_OK(cudaEventRecord(e1));
@@ -273,6 +346,9 @@ int main(int argc, char **argv) {
                     const double gbs = bytes / (ms * 1e-3) / 1e9;
                     printf("| %s | %d | %d | %s | %.4f | %.1f | %.0f | %.1f |\n", models[mi].name, B, ctx,
                            mode_names[md], ms, bytes / 1e6, gbs, 100.0 * gbs / peak);
+#ifdef NB_PA_TRACE
+                    if (tracing) trace_report();
+#endif
                     fflush(stdout);
                 }
     return 0;

@@ -6,11 +6,13 @@ in fp16 with the FLASH backend, contiguous KV, same shapes as the CUDA bench:
 Llama-2-7B (32 q / 32 kv heads x 128) and Llama-3-8B (32 q / 8 kv heads x 128,
 enable_gqa=True; falls back to repeating KV if this torch's flash kernel
 refuses GQA, and says so), batch 1 and 8, contexts 4k..128k. Each timed
-iteration follows a write over 2x the L2 size (cold cache, as in the CUDA
-bench), CUDA events around the SDPA call only, median of the iterations.
-Bytes = K + V + q + out (fp16). Prints the same markdown table columns.
+iteration follows the same L2 flush as the CUDA bench (--flush read: a
+reduction over 4x the L2 size, leaving clean lines; write: a fill of 2x the
+L2 size, leaving dirty ones; none), CUDA events around the SDPA call only,
+median of the iterations. Bytes = K + V + q + out (fp16). Prints the same
+markdown table columns.
 
-usage: bench_attention_sdpa.py [--quick] [--iters N]
+usage: bench_attention_sdpa.py [--quick] [--iters N] [--flush read|write|none]
 """
 import argparse
 import statistics
@@ -24,11 +26,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--flush", choices=("read", "write", "none"), default="read")
     args = ap.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     flush = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
+    rflush = torch.ones(l2, dtype=torch.int32, device=dev)  # 4x the L2 size in bytes
+
+    def flush_l2(i):
+        if args.flush == "read":
+            rflush.max()
+        elif args.flush == "write":
+            flush.fill_(i & 0xFF)
 
     # measured peak: a device-to-device copy, bytes read + written
     a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -48,7 +58,7 @@ def main():
     D, Hq = 128, 32
     ctxs = [4096, 16384, 32768, 65536, 131072][: 2 if args.quick else 5]
     print(f"<!-- device {props.name}, torch {torch.__version__} -->")
-    print(f"\nmeasured peak (torch copy D2D, read+write): {peak:.0f} GB/s\n")
+    print(f"\nmeasured peak (torch copy D2D, read+write): {peak:.0f} GB/s; L2 flush: {args.flush}\n")
     print("| model | batch | ctx | kernel | ms | MB moved | GB/s | % of peak |")
     print("|---|---|---|---|---|---|---|---|")
     for name, hkv in (("llama2-7b", 32), ("llama3-8b", 8)):
@@ -78,7 +88,7 @@ def main():
                 t = []
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     for i in range(args.iters + 3):
-                        flush.fill_(i & 0xFF)
+                        flush_l2(i)
                         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         s.record()
                         run()

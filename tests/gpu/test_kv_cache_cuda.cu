@@ -483,9 +483,10 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     // tensor-core kernel for D = 128 quantized views): first with the
     // batch-tuned split-K, then row-invariant.
     const char *force = getenv("NB_PA_TC");
-    const bool tc_path = D == 128 && mode != NB_PA_FP_ONLY && (dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16) &&
-                         G % 32 == 0 && ratio <= 8 &&
-                         (force ? force[0] == '1' : ratio >= 4); // paged_attention_cuda.cu's use_tc
+    // paged_attention_cuda.cu's choice: use_tc, and FP-only calls on f16 caches only
+    const bool tc_path = D == 128 && (mode != NB_PA_FP_ONLY ? dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16
+                                                            : dt == NB_DTYPE_F16) &&
+                         G % 32 == 0 && ratio <= 8 && (force ? force[0] == '1' : ratio >= 4);
     if (D == 128 || inv_groups > 0) {
         const int per = 8 / ratio;
         seq_case *ent = (seq_case *)malloc(sizeof(seq_case) * (size_t)total_rows);
@@ -702,8 +703,8 @@ int main(void) {
                 for (int r = 0; r < 3; r++)
                     for (int md = 0; md < 3; md++) {
                         int chunks = (k % 5 == 4) ? 1 : (k % 5 == 3) ? 3 : 64;
-                        // D = 128 quantized decode calls: both decode kernels
-                        const int both = Ds[b] == 128 && modes[md] != NB_PA_FP_ONLY;
+                        // D = 128 decode calls: both decode kernels
+                        const int both = Ds[b] == 128;
                         for (int kk = 0; kk < (both ? 2 : 1); kk++) {
                             if (both) setenv("NB_PA_TC", kk ? "0" : "1", 1);
                             test_attention(dts[a], Ds[b], Gs[c], ratios[r], modes[md], k % 2 == 0, chunks);
@@ -736,7 +737,6 @@ int main(void) {
         if (forces[f]) setenv("NB_PA_TC", forces[f], 1);
         for (int a = 0; a < 2; a++)
             for (int md = 0; md < 3; md++) {
-                if (f && modes[md] == NB_PA_FP_ONLY) continue;
                 test_attention(dts[a], 128, 64, 2, modes[md], 1, 64, 2);
                 test_attention(dts[a], 128, 128, 1, modes[md], 1, 64, 1);
                 test_attention(dts[a], 128, 64, 4, modes[md], 1, 64, 2);
