@@ -66,6 +66,13 @@ struct pa_kp {
 __host__ __device__ constexpr int a16(int x) { return (x + 15) & ~15; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
+// Points kp at the workspace's parts for kp.n_chunks chunks: the partial
+// outputs [n_seqs][n_chunks][max_rows][n_q_heads][D], then their (max, sum).
+void ws_carve(pa_kp &kp, const nb_pa_args *a, int D) {
+    kp.ws_o = (float *)a->workspace;
+    kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
+}
+
 // canonical(p) of nb_bm_qblocks_for_tokens and the row rule of
 // nb_bm_view_qblocks_for_row: does the row at position p read the
 // pre-quantized C_F1 (group nq) instead of FP block fp[0]?
@@ -1291,8 +1298,7 @@ template <int D, typename T, int MODE, int M> struct dec_launcher {
         const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, D, kp.n_chunks);
         if ((kp.n_chunks > 1 || kp.inv) && (a->workspace_bytes < need || !a->workspace))
             return NB_ERR_INVALID_ARG;
-        kp.ws_o = (float *)a->workspace;
-        kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
+        ws_carve(kp, a, D);
         dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
         kern<<<grid, DNT, smem, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1351,8 +1357,7 @@ template <typename T, int MODE> nb_status tc_launch(pa_kp &kp, const nb_pa_args 
     }
     const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, TC_D, kp.n_chunks);
     if ((kp.n_chunks > 1 || kp.inv) && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
-    kp.ws_o = (float *)a->workspace;
-    kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * TC_D;
+    ws_carve(kp, a, TC_D);
     dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
     kern<<<grid, C::NT, C::SMEM, stream>>>(kp);
     if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1371,23 +1376,25 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
     }
 }
 
-// Which decode kernel runs a D = 128 quantized-view call. The tensor-core
-// kernel costs about the same instructions per cached byte whatever the
-// number of query vectors, the scalar one ~4 FMAs per value and query
-// vector: measured on an H100 (docs/benchmarks.md), the tensor-core kernel
-// wins from 4 query heads per kv head (Llama-3: 1.1-1.3x at >= 16k) and
-// loses with 1 (Llama-2: 0.5-0.7x). The choice depends on the model's
-// head ratio only, never on the rows of a call, so a verify row and the
-// target-only decode row at the same position still take the same kernel
-// (the row-invariance contract of fixed_chunk_groups).
+// Which decode kernel runs a D = 128 call of <= 8 query vectors per kv
+// head. Measured on an H100 (docs/benchmarks.md, session 14): the
+// tensor-core kernel costs about the same instructions per cached byte
+// whatever the number of query vectors, the scalar one ~4 FMAs per value
+// and query vector, so with 4 query heads per kv head (Llama-3) the
+// tensor-core kernel is 1.4-2.4x faster in every view; with 1 (Llama-2) it
+// is 3-9% faster on the FP-only view, 2-5% on the draft view from 16k
+// tokens, and 3-6% SLOWER on the target view at batch 1 (integer dot
+// products are cheap for one query vector). The choice depends on the
+// model's head ratio and the view only, never on the rows of a call, so a
+// verify row and the target-only decode row at the same position take the
+// same kernel (the row-invariance contract of fixed_chunk_groups).
 // NB_PA_TC=0 / NB_PA_TC=1 in the environment force the scalar / tensor-core
 // kernel (benchmarks and tests compare the two; read per call).
-constexpr int TC_MIN_GQA = 4;
-bool use_tc(int gqa) {
+bool use_tc(int gqa, nb_pa_mode mode) {
     const char *e = getenv("NB_PA_TC");
     if (e && e[0] == '0') return false;
     if (e && e[0] == '1') return true;
-    return gqa >= TC_MIN_GQA;
+    return mode != NB_PA_TARGET || gqa >= 2;
 }
 template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
     if (M_max <= 1) return dec_by_mode<D, T, 1>(kp, a, s);
@@ -1482,8 +1489,7 @@ template <int DC, typename T, int MODE> struct launcher {
         kp.n_chunks = cdiv(units_max, kp.upc);
         const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, L.D, kp.n_chunks);
         if (kp.n_chunks > 1 && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
-        kp.ws_o = (float *)a->workspace;
-        kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * L.D;
+        ws_carve(kp, a, L.D);
         (void)M_max;
         dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * L.n_mtiles), (unsigned)a->n_seqs);
         kern<<<grid, NT, L.smem_bytes, stream>>>(kp);
@@ -1569,7 +1575,7 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernel only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
-        if (D == TC_D && M_max <= TC_M && use_tc(g)) {
+        if (D == TC_D && M_max <= TC_M && use_tc(g, a->mode)) {
             const nb_status st = a->lay.dtype == NB_DTYPE_F16 ? tc_by_mode<__half>(kp, a, stream)
                                                               : tc_by_mode<__nv_bfloat16>(kp, a, stream);
             if (st != NB_ERR_UNSUPPORTED) return st; // unsupported: bf16 FP-only, the scalar kernel below

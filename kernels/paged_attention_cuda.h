@@ -15,13 +15,14 @@
 //
 // Three kernels share that plan. Decode and short verify (rows x GQA group
 // <= 8 query vectors per kv head, D 64 or 128, f16/bf16, G % 32 == 0,
-// 16-byte aligned pools): a warp owns 32-token slices, 4 warps a CTA, merged
-// in shared memory; either the scalar kernel (K: lane = token, 16-byte
-// loads; V: lanes split D in 8-channel words; f32 FMAs) or, for D = 128
-// quantized views of models with >= 4 query heads per kv head, the
-// tensor-core kernel (paged_attention_tc.cuh: mma.sync on nibble codes
-// turned into exact f16, q*S split hi + lo, f16 softmax weights; per-warp
-// cp.async rings). NB_PA_TC=0 / 1 in the environment forces the scalar /
+// 16-byte aligned pools): either the scalar decode kernel (a warp per
+// 32-token slice; K: lane = token, integer dot products; V: lanes split D;
+// f32 FMAs) or, for D = 128, the tensor-core kernel
+// (paged_attention_tc.cuh: bulk async copies into per-warp mbarrier rings,
+// mma.sync on nibble codes turned into exact f16 subnormals, q*S split hi +
+// lo). The tensor-core kernel takes every view of models with >= 2 query
+// heads per kv head and the draft / FP-only views with 1 (its FP-only view
+// on f16 caches only); NB_PA_TC=0 / 1 in the environment forces the scalar /
 // tensor-core kernel where both apply. Everything else (more query vectors,
 // other D / G, f32): the cp.async tile kernel.
 //

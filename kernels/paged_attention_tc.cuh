@@ -6,17 +6,19 @@
 // it reads, so the kernel must spend few instructions per byte. Per 32-token
 // slice of the draft view (4 KB of nibbles) an H100 SM at full bandwidth has
 // ~370 cycles, ~700 instructions at a realistic issue rate; the kernel this
-// one replaces spent ~1,100 (target: ~1,500 of ~1,400). Here:
+// one replaced spent ~1,100 (target view: ~1,500 of ~1,400), this one ~450
+// (SASS, session 14). Here:
 //   - copies are bulk async copies (cp.async.bulk, the copy engine), one
-//     instruction per 2 KB plane slice, completing on a per-slot mbarrier;
-//     each warp runs its own ring of NSW slots (no CTA barrier in the loop);
+//     instruction per K or V plane slice, completing on a per-slot mbarrier;
+//     each warp runs its own ring of NSW slots (no CTA barrier in the loop)
+//     and takes whole blocks, so it folds a block's K steps once;
 //   - both products run on mma.sync m16n8k16 (f16 in, f32 accumulate), K and
 //     V codes entering as exact f16 SUBNORMALS (code * 2^-24) made by one
 //     AND (draft) or a byte permute (target) per pair of values;
-//   - the per-channel K steps fold into q once per block per warp (three
-//     f16x2 ops per pair: q*S split exactly into hi + lo), the per-block q.Z
-//     (and for the target the -8 of C8 = code - 8) come from 16 MMAs of the
-//     zero/step rows against q, not from scalar loops;
+//   - the per-channel K steps fold into q once per block (three f16x2 ops
+//     per pair: q*S split exactly into hi + lo), the per-block q.Z (and for
+//     the target the -8 of C8 = code - 8) come from 16 MMAs of the zero /
+//     step rows against q, not from scalar loops;
 //   - the softmax weights reach the P.V operand through movmatrix (one
 //     instruction per 8x8 transpose) instead of shuffles;
 //   - V codes of two tokens are paired with one byte permute per 4 codes.
@@ -27,15 +29,16 @@
 // with P' = p * S_t (V's per-token step) in f16. Query vectors are the MMA's
 // N = 8 columns (rows x GQA group <= 8). Which token, channel or k index a
 // lane's register holds is a free choice as long as both operands agree:
-//   - score m-tile mt, A-row r = token 16mt + 2(r & 7) + (r >> 3) (a lane's
-//     two rows are adjacent tokens, so their V steps are one 32-bit load);
+//   - score m-tile mt, C-row r < 8 = token 16mt + tc_tok(r), row r + 8 that
+//     + 8 (tc_tok keeps the K and V shared-memory reads free of, or at
+//     worst 2-way, bank conflicts);
 //   - K: lane t reads 16-byte chunk t of its token rows (quantized: 32
 //     channels; FP: chunks t, t+4, t+8, t+12, 8 channels each); the k
 //     index <-> channel map of each kind is mirrored in q's B fragments
-//     (tc_qb_words);
+//     (tc_qb_ch);
 //   - P.V k index j of k-step mt = C-row j of score m-tile mt (what
-//     movmatrix delivers), so lane t's V tokens are 16mt + 4t + {0,2} (a0/a1)
-//     and 16mt + 4t + {1,3} (a2/a3);
+//     movmatrix delivers), so lane t's V tokens are ta = tc_tok(2t) and
+//     ta ^ 1 (a0/a1), and both + 8 (a2/a3);
 //   - out^T m-tile b, row r: channel 16g + 4(b & 3) + 2r + (b >> 2)
 //     (tc_out_ch). For the draft the nibbles at bit 4 of each byte
 //     (odd channels) come out of the mask as 16U * 2^-24, so m-tiles 4-7
@@ -48,18 +51,20 @@
 // Work split. Batch-tuned (fixed_chunk_groups 0): one CTA of NW warps per
 // SM; each (sequence, kv head) is split into n_chunks ranges of 32-token
 // slices weighted by bytes (an FP slice moves 4x a draft slice, 2x a target
-// one), and each CTA's range is split the same way among its warps.
-// Row-invariant: chunk c = groups [c*upc, (c+1)*upc) by position, warps
-// split its nominal slices evenly by position, the pre-quantized C_F1
-// group is walked twice (quantized, then FP), so a row's result depends
-// only on its query, position and cache contents: the MMA computes each
-// column from its own query only, masked tiles are exact no-ops, and the
-// power-of-two domain switch is exact.
+// one), and each CTA's range is split the same way among its warps; the
+// chunks' partials are merged by pa_merge_kernel. Row-invariant: chunk c =
+// groups [c*upc, (c+1)*upc) by position, warps split its nominal slices
+// evenly by position, the pre-quantized C_F1 group is walked twice
+// (quantized, then FP), so a row's result depends only on its query,
+// position and cache contents: the MMA computes each column from its own
+// query only, masked tiles are exact no-ops, the power-of-two domain switch
+// is exact, and every merge runs in a fixed order.
 //
 // Shapes: D = 128, G % 32 == 0, f16 or bf16 cache (FP_ONLY: f16 only; bf16
 // FP-block values are converted to f16, exact within f16's range; finite
 // values beyond +-65504 saturate), <= 8 query vectors per kv head, pools
-// 16-byte aligned.
+// 16-byte aligned. q * softmax_scale * log2(e) and q * S_c must be finite
+// in f16 (|x| < 65504), as for the kernel this one replaced.
 
 constexpr int TC_D = 128;
 constexpr int TC_M = 8; // query vectors per kv head (MMA N)
@@ -93,18 +98,18 @@ __device__ __forceinline__ unsigned long long tc_now() {
 template <typename T, int MODE> struct tc_cfg {
     static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
-    // Warps per CTA (one CTA per SM) and ring slots per warp: 12 x 2 hides
-    // more latency than 8 x 3 (the kernel waits on dependency chains more
-    // than on memory), within 168 registers.
-    // Measured on an H100 (docs/benchmarks.md, session 14): the draft and
-    // FP views run faster with 12 x 2 (one tile in flight per warp is
-    // enough at 12 warps), the target with 8 x 3 (at 12 warps it would
-    // spill under the 168-register cap).
+    // Warps per CTA (one CTA per SM) and ring slots per warp, measured on
+    // an H100 (docs/benchmarks.md, session 14): the draft and FP views run
+    // faster with 12 x 2 (more warps hide the MMA and shuffle dependency
+    // chains; one tile in flight per warp is enough at 12 warps), the
+    // target with 8 x 3 (at 12 warps it spills under the 168-register cap
+    // and measured up to 7% slower).
     static constexpr int NW = TGT ? 8 : 12;
     static constexpr int NSW = TGT ? 3 : 2;
     static constexpr int NT = NW * 32;
-    // Quantized tile: QT tokens (two 32-token sub-slices for the draft, one
-    // for the target: ~8.5 KB either way) of one block: K and V rows of the
+    // Quantized tile: up to QT tokens (two 32-token sub-slices for the
+    // draft when the warp has >= 16 slices, one for the target: ~8.5 KB
+    // either way) of one block: K and V rows of the
     // upper (and lower) plane, the block's K step + zero (copied with a
     // warp's first tile of the block), the tile's V steps and zeros.
     static constexpr int QT = TGT ? 32 : 64;
@@ -342,19 +347,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_
     }
     TC_TRACE(0);
 
-    // ---- prologue: q, barriers ----
-    for (int i = tid; i < TC_M * D / 4; i += NT) {
-        const int m = i / (D / 4), c4 = i % (D / 4);
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (m < Mt)
-            v = *(const float4 *)(P.q + ((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D +
-                                  4 * c4);
-        v.x *= P.scale_log2;
-        v.y *= P.scale_log2;
-        v.z *= P.scale_log2;
-        v.w *= P.scale_log2;
-        *(float4 *)(qf + 4 * i) = v;
-    }
+    // ---- prologue: barriers (each warp's own), then the warp's first tile
+    // is issued before q is staged, so the two global round trips overlap ----
     uint64_t *wbar = bars + warp * NSW;
     int4 *wdesc = descs + warp * NSW;
     uint8_t *wring = ring + warp * NSW * C::SLOT;
@@ -363,6 +357,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_
         for (int s = 0; s < NSW; s++) mbar_init(wbar + s);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+    __syncwarp();
 
     // ---- the warp's tiles ----
     // Nominal slices [k0, k1) in up to four parts: A [k0, dlo), then, when
@@ -512,27 +507,43 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_
             return;
         }
     };
-    // The first tiles of all warps before anyone's second: the copy engine
-    // serves an SM's requests roughly in order, so this gets every warp its
-    // first tile early. The first barrier also publishes qf and the mbarriers.
-    __syncthreads();
-#pragma unroll 1
-    for (int s = 0; s < NSW; s++) {
-        issue(s);
-        if (s == 0) { // q's B fragments, both maps (2 x 32 lanes x 32 words), while copies fly
-            for (int i = tid; i < 2 * 32 * 32; i += NT) {
-                const int map = i >> 10, ln = (i >> 5) & 31, wi = i & 31;
-                if (map == 0) {
-                    if (!QUANT) continue;
-                    if (TGT) tc_qb_word<1>(qb, qf, ln, wi);
-                    else tc_qb_word<0>(qb, qf, ln, wi);
-                } else {
-                    tc_qb_word<2>(qb + 32 * 32, qf, ln, wi);
-                }
-            }
-        }
-        __syncthreads();
+    // q's loads, then every warp's first tile, then q to shared memory and as
+    // B fragments of both maps (2 x 32 lanes x 32 words), then the other
+    // slots. q goes first so it does not queue behind the copies; the copy
+    // engine serves an SM's requests roughly in order, so every warp gets
+    // its first tile early.
+    static_assert(TC_M * D / 4 <= 2 * NT, "q: two float4 per thread at most");
+    float4 qv[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = tid + k * NT, m = i / (D / 4), c4 = i % (D / 4);
+        qv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < TC_M * D / 4 && m < Mt)
+            qv[k] = *(const float4 *)(P.q + ((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D +
+                                      4 * c4);
     }
+    issue(0);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = tid + k * NT;
+        if (i < TC_M * D / 4)
+            *(float4 *)(qf + 4 * i) = make_float4(qv[k].x * P.scale_log2, qv[k].y * P.scale_log2,
+                                                  qv[k].z * P.scale_log2, qv[k].w * P.scale_log2);
+    }
+    __syncthreads();
+    for (int i = tid; i < 2 * 32 * 32; i += NT) {
+        const int map = i >> 10, ln = (i >> 5) & 31, wi = i & 31;
+        if (map == 0) {
+            if (!QUANT) continue;
+            if (TGT) tc_qb_word<1>(qb, qf, ln, wi);
+            else tc_qb_word<0>(qb, qf, ln, wi);
+        } else {
+            tc_qb_word<2>(qb + 32 * 32, qf, ln, wi);
+        }
+    }
+#pragma unroll 1
+    for (int s = 1; s < NSW; s++) issue(s);
+    __syncthreads();
     TC_TRACE(1);
 
     // ---- per-lane state ----

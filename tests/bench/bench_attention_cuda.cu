@@ -110,6 +110,12 @@ static void trace_report(void) {
            "%.2f/%.2f/%.2f; loop end %.2f/%.2f/%.2f; CTA end %.2f/%.2f/%.2f\n",
            a.size(), q(a, 0), q(a, 0.5), q(a, 1), q(b, 0), q(b, 0.5), q(b, 1), q(c, 0), q(c, 0.5), q(c, 1),
            q(d, 0), q(d, 0.5), q(d, 1));
+    if (getenv("NB_BENCH_TRACE")[0] == '2') { // loop end per CTA: sm:us, in CTA order
+        printf("  loop end by CTA (sm:us):");
+        for (int i = 0; i < n; i++)
+            if (tr[5 * i]) printf(" %llu:%.0f", tr[5 * i + 4], (tr[5 * i + 2] - t0) * 1e-3);
+        printf("\n");
+    }
 }
 #endif
 

@@ -486,7 +486,8 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     // paged_attention_cuda.cu's choice: use_tc, and FP-only calls on f16 caches only
     const bool tc_path = D == 128 && (mode != NB_PA_FP_ONLY ? dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16
                                                             : dt == NB_DTYPE_F16) &&
-                         G % 32 == 0 && ratio <= 8 && (force ? force[0] == '1' : ratio >= 4);
+                         G % 32 == 0 && ratio <= 8 &&
+                         (force ? force[0] == '1' : mode != NB_PA_TARGET || ratio >= 2);
     if (D == 128 || inv_groups > 0) {
         const int per = 8 / ratio;
         seq_case *ent = (seq_case *)malloc(sizeof(seq_case) * (size_t)total_rows);
