@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_
     }
     TC_TRACE(0);
 
-    // ---- prologue: barriers (each warp's own), then the warp's first tile
-    // is issued before q is staged, so the two global round trips overlap ----
+    // ---- prologue: each warp's barriers (its lane 0 initializes and later
+    // arrives on them; the other lanes only wait, after the CTA barrier) ----
     uint64_t *wbar = bars + warp * NSW;
     int4 *wdesc = descs + warp * NSW;
     uint8_t *wring = ring + warp * NSW * C::SLOT;
@@ -565,9 +565,11 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_
         qpos[h] = S.pos0 + (qok[h] ? m / gq : 0);
         qpre[h] = row_uses_prequant(qpos[h], G, nq, pq);
     }
-    // Code domain -> values (exact powers of two): the draft's m-tiles 0-3
-    // hold U * S * 2^-24, 4-7 16U * S * 2^-24; the target's (C8 + 8) * S * 2^-24
-    // for (C8 + 8) * S/16.
+    // Code domain -> values (exact powers of two). The accumulators hold
+    // sum p * S_t * code * 2^-24 (P' = p * S_t, codes as subnormals): the
+    // draft's m-tiles 0-3 with code = U (value U * S: x 2^24), 4-7 with code =
+    // 16U (x 2^20); the target's code = C8 + 8 for the value (C8 + 8) * S/16
+    // (x 2^20; the -8 * S/16 went into the zero term).
     auto to_values = [&]() {
 #pragma unroll
         for (int b = 0; b < 8; b++) {
