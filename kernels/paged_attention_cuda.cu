@@ -1381,7 +1381,7 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
 // tensor-core kernel costs about the same instructions per cached byte
 // whatever the number of query vectors, the scalar one ~4 FMAs per value
 // and query vector, so with 4 query heads per kv head (Llama-3) the
-// tensor-core kernel is 1.4-2.4x faster in every view; with 1 (Llama-2) it
+// tensor-core kernel is 1.2-2.6x faster in every view; with 1 (Llama-2) it
 // is 3-9% faster on the FP-only view, 2-5% on the draft view from 16k
 // tokens, and 3-6% SLOWER on the target view at batch 1 (integer dot
 // products are cheap for one query vector). The choice depends on the
