@@ -66,11 +66,37 @@ struct pa_kp {
 __host__ __device__ constexpr int a16(int x) { return (x + 15) & ~15; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
-// Points kp at the workspace's parts for kp.n_chunks chunks: the partial
-// outputs [n_seqs][n_chunks][max_rows][n_q_heads][D], then their (max, sum).
-void ws_carve(pa_kp &kp, const nb_pa_args *a, int D) {
+// Checks the workspace holds kp.n_chunks chunks of partials when they are
+// merged, and points kp at its parts: the partial outputs
+// [n_seqs][n_chunks][max_rows][n_q_heads][D], then their (max, sum).
+nb_status use_workspace(pa_kp &kp, const nb_pa_args *a, int D, bool merged) {
+    const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, D, kp.n_chunks);
+    if (merged && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
     kp.ws_o = (float *)a->workspace;
     kp.ws_ml = kp.ws_o + (size_t)a->n_seqs * kp.n_chunks * a->max_rows * a->n_q_heads * D;
+    return NB_OK;
+}
+
+// The split-K plan of both decode kernels. Row-invariant
+// (fixed_chunk_groups > 0): chunks of that many groups over the longest
+// context. Batch-tuned: `target` CTAs (about one wave) over the call's
+// (sequence, kv head) pairs, rounded down (a CTA over a full wave costs a
+// whole second one), at most `cap` chunks (the work's granularity) and
+// max_chunks; the caller sizes its chunks from kp.n_chunks.
+nb_status plan_split(pa_kp &kp, const nb_pa_args *a, long target, long cap) {
+    if (a->fixed_chunk_groups > 0) {
+        kp.inv = 1;
+        kp.upc = a->fixed_chunk_groups;
+        kp.n_chunks = cdiv(cdiv(a->max_tokens, a->lay.group_size), kp.upc);
+        return kp.n_chunks > a->max_chunks ? NB_ERR_INVALID_ARG : NB_OK;
+    }
+    kp.inv = 0;
+    long chunks = target / ((long)a->n_seqs * a->lay.n_kv_heads);
+    if (chunks > cap) chunks = cap;
+    if (chunks > a->max_chunks) chunks = a->max_chunks;
+    if (chunks < 1) chunks = 1;
+    kp.n_chunks = (int)chunks;
+    return NB_OK;
 }
 
 // canonical(p) of nb_bm_qblocks_for_tokens and the row rule of
@@ -1268,37 +1294,21 @@ template <int D, typename T, int MODE, int M> struct dec_launcher {
             if (occ < 1) occ = 1;
             dev = cur;
         }
-        // Split-K: about one wave of CTAs, chunks of whole blocks; or, row
-        // invariant, fixed chunks of fixed_chunk_groups groups.
-        const int G = a->lay.group_size;
-        if (a->fixed_chunk_groups > 0) {
-            kp.inv = 1;
-            kp.upc = a->fixed_chunk_groups;
-            kp.n_chunks = cdiv(cdiv(a->max_tokens, G), kp.upc);
-            if (kp.n_chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
-        } else {
-            const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-            const long base = (long)a->n_seqs * a->lay.n_kv_heads;
-            // NOTE: one wave of CTAs, rounded down (a CTA over a full wave
-            // costs a whole second one). Against two waves of half-size
-            // chunks it was faster in 37 of 48 measured cells (llama2/llama3
-            // shapes, batch 1 and 8, 4k-128k, three views), e.g. the draft
-            // view at batch 1, 32k: llama2 0.0741 vs 0.0811 ms, llama3 0.0500
-            // vs 0.0634 ms; slower by at most 2% in the others but llama3,
-            // batch 8, 128k, target (1.020 vs 0.952 ms). Half a wave and 1.5
-            // waves were slower (docs/benchmarks.md, session 12).
-            const long target = (long)dev_sms * occ;
-            long chunks = target / base;
-            if (chunks > units_max) chunks = units_max;
-            if (chunks > a->max_chunks) chunks = a->max_chunks;
-            if (chunks < 1) chunks = 1;
-            kp.upc = cdiv(units_max, (int)chunks);
+        // Split-K (plan_split): chunks of whole blocks. NOTE: one wave of
+        // CTAs against two waves of half-size chunks was faster in 37 of 48
+        // measured cells (llama2/llama3 shapes, batch 1 and 8, 4k-128k, three
+        // views), e.g. the draft view at batch 1, 32k: llama2 0.0741 vs 0.0811
+        // ms, llama3 0.0500 vs 0.0634 ms; slower by at most 2% in the others
+        // but llama3, batch 8, 128k, target (1.020 vs 0.952 ms). Half a wave
+        // and 1.5 waves were slower (docs/benchmarks.md, session 12).
+        const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+        nb_status st = plan_split(kp, a, (long)dev_sms * occ, units_max);
+        if (st != NB_OK) return st;
+        if (!kp.inv) {
+            kp.upc = cdiv(units_max, kp.n_chunks);
             kp.n_chunks = cdiv(units_max, kp.upc);
         }
-        const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, D, kp.n_chunks);
-        if ((kp.n_chunks > 1 || kp.inv) && (a->workspace_bytes < need || !a->workspace))
-            return NB_ERR_INVALID_ARG;
-        ws_carve(kp, a, D);
+        if ((st = use_workspace(kp, a, D, kp.n_chunks > 1 || kp.inv)) != NB_OK) return st;
         dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
         kern<<<grid, DNT, smem, stream>>>(kp);
         if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1334,30 +1344,18 @@ template <typename T, int MODE> nb_status tc_launch(pa_kp &kp, const nb_pa_args 
             return NB_ERR_BACKEND;
         dev = cur;
     }
-    const int G = a->lay.group_size, spu = G / 32;
-    if (a->fixed_chunk_groups > 0) {
-        kp.inv = 1;
-        kp.upc = a->fixed_chunk_groups;
-        kp.n_chunks = cdiv(cdiv(a->max_tokens, G), kp.upc);
-        if (kp.n_chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
-    } else {
-        kp.inv = 0;
-        kp.upc = 0;
-        const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-        const long pairs = (long)a->n_seqs * a->lay.n_kv_heads;
-        long chunks = dev_sms / pairs;
-        if (chunks > (long)units_max * spu) chunks = (long)units_max * spu;
-        if (chunks > a->max_chunks) chunks = a->max_chunks;
-        if (chunks < 1) chunks = 1;
+    // One CTA per SM; chunks of 32-token slices (the kernel weights them by bytes).
+    const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+    nb_status st = plan_split(kp, a, dev_sms, (long)units_max * (a->lay.group_size / 32));
+    if (st != NB_OK) return st;
+    if (!kp.inv) kp.upc = 0;
 #ifdef NB_PA_TRACE
-        if (getenv("NB_PA_TC_CHUNKS")) chunks = atoi(getenv("NB_PA_TC_CHUNKS")); // diagnostic builds only
-        if (chunks < 1 || chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
-#endif
-        kp.n_chunks = (int)chunks;
+    if (!kp.inv && getenv("NB_PA_TC_CHUNKS")) { // diagnostic builds only
+        kp.n_chunks = atoi(getenv("NB_PA_TC_CHUNKS"));
+        if (kp.n_chunks < 1 || kp.n_chunks > a->max_chunks) return NB_ERR_INVALID_ARG;
     }
-    const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, TC_D, kp.n_chunks);
-    if ((kp.n_chunks > 1 || kp.inv) && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
-    ws_carve(kp, a, TC_D);
+#endif
+    if ((st = use_workspace(kp, a, TC_D, kp.n_chunks > 1 || kp.inv)) != NB_OK) return st;
     dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
     kern<<<grid, C::NT, C::SMEM, stream>>>(kp);
     if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1487,9 +1485,8 @@ template <int DC, typename T, int MODE> struct launcher {
         if (chunks < 1) chunks = 1;
         kp.upc = cdiv(units_max, (int)chunks);
         kp.n_chunks = cdiv(units_max, kp.upc);
-        const size_t need = nb_pa_workspace_size(a->n_seqs, a->max_rows, a->n_q_heads, L.D, kp.n_chunks);
-        if (kp.n_chunks > 1 && (a->workspace_bytes < need || !a->workspace)) return NB_ERR_INVALID_ARG;
-        ws_carve(kp, a, L.D);
+        const nb_status st = use_workspace(kp, a, L.D, kp.n_chunks > 1);
+        if (st != NB_OK) return st;
         (void)M_max;
         dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * L.n_mtiles), (unsigned)a->n_seqs);
         kern<<<grid, NT, L.smem_bytes, stream>>>(kp);

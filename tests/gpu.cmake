@@ -1,6 +1,7 @@
 # GPU tests and benchmarks (CUDA builds only). The test exits 77 (ctest SKIP)
-# on a machine without a GPU, so CI stays green; the benchmark is an
-# executable only (tests/gpu/run runs both on a GPU machine from a bundle).
+# on a machine without a GPU, so CI stays green; of the benchmark only its
+# argument checks run in ctest (tests/gpu/run runs both on a GPU machine
+# from a bundle).
 if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
   add_executable(test_kv_cache_cuda ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_kv_cache_cuda.cu)
   target_link_libraries(test_kv_cache_cuda PRIVATE nb_kernels_cuda nb_kernels nb_block_manager
@@ -12,4 +13,8 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
 
   add_executable(bench_attention_cuda ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_attention_cuda.cu)
   target_link_libraries(bench_attention_cuda PRIVATE nb_kernels_cuda CUDA::cudart)
+  # Its argument checks come before any GPU use: this runs everywhere.
+  add_test(NAME bench_attention_cuda_args
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_bad_args.sh $<TARGET_FILE:bench_attention_cuda>)
+  set_tests_properties(bench_attention_cuda_args PROPERTIES TIMEOUT 120)
 endif()
