@@ -1327,13 +1327,14 @@ template <int D, typename T, int M> nb_status dec_by_mode(pa_kp &kp, const nb_pa
     }
 }
 
-// The tensor-core decode kernel: one CTA of tc_cfg::NW warps per SM. Split-K
-// batch-tuned: one wave, each (sequence, kv head) in SMs / pairs chunks
-// (the kernel weights them by bytes); row-invariant: fixed chunks of
-// fixed_chunk_groups groups.
-template <typename T, int MODE> nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-    using C = tc_cfg<T, MODE>;
-    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE>;
+// The tensor-core decode kernel: CPS CTAs of tc_cfg::NW warps per SM.
+// Split-K batch-tuned: one wave, each (sequence, kv head) in SMs * CPS /
+// pairs chunks (the kernel weights them by bytes); row-invariant: fixed
+// chunks of fixed_chunk_groups groups.
+template <typename T, int MODE, int CPS>
+nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    using C = tc_cfg<T, MODE, CPS>;
+    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE, CPS>;
     static int dev_sms = 0, dev = -1;
     int cur;
     if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
@@ -1344,9 +1345,9 @@ template <typename T, int MODE> nb_status tc_launch(pa_kp &kp, const nb_pa_args 
             return NB_ERR_BACKEND;
         dev = cur;
     }
-    // One CTA per SM; chunks of 32-token slices (the kernel weights them by bytes).
+    // CPS CTAs per SM; chunks of 32-token slices (the kernel weights them by bytes).
     const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-    nb_status st = plan_split(kp, a, dev_sms, (long)units_max * (a->lay.group_size / 32));
+    nb_status st = plan_split(kp, a, (long)dev_sms * CPS, (long)units_max * (a->lay.group_size / 32));
     if (st != NB_OK) return st;
     if (!kp.inv) kp.upc = 0;
 #ifdef NB_PA_TRACE
@@ -1364,12 +1365,29 @@ template <typename T, int MODE> nb_status tc_launch(pa_kp &kp, const nb_pa_args 
     }
     return NB_OK;
 }
+// CTAs per SM for a call: NB_PA_TC_CPS=1|2 in the environment forces one
+// (read per call, for benchmarks and tests). Built in, measured on an H100
+// (docs/benchmarks.md, session 15): two for the draft view's row-invariant
+// split, whose fixed chunks are small (2,048 tokens = 256 KB of nibbles at
+// 128k max_seq_len) and come in waves, so one CTA's prologue and merge run
+// under the other's stream (Llama-3 shape, batch 8: 32k 0.159 -> 0.138 ms,
+// 128k 0.569 -> 0.475; but batch 1 up to 32k 20% slower); one otherwise
+// (batch-tuned: a single wave; target and FP views: mixed, within a few
+// percent at long context, slower at batch 1). The choice depends on the
+// view and the split kind only, never on the call's rows or sequences (a
+// row-invariant row must take the same warp split whatever its batch).
+template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
+    const char *e = getenv("NB_PA_TC_CPS");
+    int cps = a->fixed_chunk_groups > 0 && MODE == NB_PA_DRAFT ? 2 : 1;
+    if (e && (e[0] == '1' || e[0] == '2')) cps = e[0] - '0';
+    return cps == 2 ? tc_launch<T, MODE, 2>(kp, a, s) : tc_launch<T, MODE, 1>(kp, a, s);
+}
 template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
     switch (a->mode) {
-    case NB_PA_DRAFT: return tc_launch<T, NB_PA_DRAFT>(kp, a, s);
-    case NB_PA_TARGET: return tc_launch<T, NB_PA_TARGET>(kp, a, s);
+    case NB_PA_DRAFT: return tc_by_cps<T, NB_PA_DRAFT>(kp, a, s);
+    case NB_PA_TARGET: return tc_by_cps<T, NB_PA_TARGET>(kp, a, s);
     default:
-        if constexpr (std::is_same<T, __half>::value) return tc_launch<T, NB_PA_FP_ONLY>(kp, a, s);
+        if constexpr (std::is_same<T, __half>::value) return tc_by_cps<T, NB_PA_FP_ONLY>(kp, a, s);
         return NB_ERR_UNSUPPORTED; // bf16 FP blocks would be converted to f16: the scalar kernel keeps them exact
     }
 }

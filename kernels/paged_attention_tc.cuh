@@ -95,24 +95,27 @@ __device__ __forceinline__ unsigned long long tc_now() {
 #define TC_TRACE(k) ((void)0)
 #endif
 
-template <typename T, int MODE> struct tc_cfg {
+template <typename T, int MODE, int CPS> struct tc_cfg {
     static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
-    // Warps per CTA (one CTA per SM) and ring slots per warp, measured on
-    // an H100 (docs/benchmarks.md, session 14): the draft and FP views run
-    // faster with 12 x 2 (more warps hide the MMA and shuffle dependency
-    // chains; one tile in flight per warp is enough at 12 warps), the
-    // target with 8 x 3 (at 12 warps it spills under the 168-register cap
-    // and measured up to 7% slower).
-    static constexpr int NW = TGT ? 8 : 12;
-    static constexpr int NSW = TGT ? 3 : 2;
+    // CTAs per SM (1 or 2), warps per CTA and ring slots per warp, measured
+    // on an H100 (docs/benchmarks.md, session 14): with one CTA per SM the
+    // draft and FP views run faster with 12 x 2 (more warps hide the MMA
+    // and shuffle dependency chains; one tile in flight per warp is enough
+    // at 12 warps), the target with 8 x 3 (at 12 warps it spills under the
+    // 168-register cap and measured up to 7% slower). Two CTAs per SM
+    // (half the warps each, 32-token tiles, <= 113 KB of shared memory)
+    // let one CTA's prologue and merge run under the other's stream.
+    static_assert(CPS == 1 || CPS == 2, "one or two CTAs per SM");
+    static constexpr int NW = (TGT ? 8 : 12) / CPS;
+    static constexpr int NSW = TGT && CPS == 1 ? 3 : 2;
     static constexpr int NT = NW * 32;
     // Quantized tile: up to QT tokens (two 32-token sub-slices for the
     // draft when the warp has >= 16 slices, one for the target: ~8.5 KB
     // either way) of one block: K and V rows of the
     // upper (and lower) plane, the block's K step + zero (copied with a
     // warp's first tile of the block), the tile's V steps and zeros.
-    static constexpr int QT = TGT ? 32 : 64;
+    static constexpr int QT = TGT || CPS == 2 ? 32 : 64;
     static constexpr int Q_KU = 0, Q_VU = 64 * QT, Q_KL = 128 * QT, Q_VL = 192 * QT;
     static constexpr int Q_KS = (TGT ? 256 : 128) * QT; // K step[D], K zero[D]: 512 B
     static constexpr int Q_VS = Q_KS + 512;              // V step[QT]
@@ -133,7 +136,7 @@ template <typename T, int MODE> struct tc_cfg {
     static constexpr int SMEM = RING_OFF + NW * NSW * SLOT;
     static constexpr int MERGE_BYTES = NW * TC_M * TC_D * 4 + NW * TC_M * 2 * 4;
     static_assert(MERGE_BYTES <= NW * NSW * SLOT, "the CTA merge area aliases the ring");
-    static_assert(SMEM <= 227 * 1024, "one CTA per SM");
+    static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
 };
 
 // Descriptor flags of a tile (written by the warp's issuing lane per slot).
@@ -288,9 +291,9 @@ template <int MAP> __device__ __forceinline__ void tc_qb_word(uint32_t *qb, cons
     qb[((wi >> 2) * 32 + ln) * 4 + (wi & 3)] = v;
 }
 
-template <typename T, int MODE>
-__global__ void __launch_bounds__(tc_cfg<T, MODE>::NT, 1) pa_tc_kernel(const pa_kp P) {
-    using C = tc_cfg<T, MODE>;
+template <typename T, int MODE, int CPS>
+__global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(const pa_kp P) {
+    using C = tc_cfg<T, MODE, CPS>;
     constexpr int NW = C::NW, NSW = C::NSW, NT = C::NT, QT = C::QT;
     constexpr bool QUANT = C::QUANT, TGT = C::TGT;
     constexpr bool F16 = std::is_same<T, __half>::value;
