@@ -100,6 +100,7 @@ typedef struct nb_backend_config {
     bool cuda_graphs;            // cuda: replay step passes from CUDA graphs
     bool host_sampling;          // cuda: sample on the host from downloaded logits with the
                                  // reference functions (the twin of the device sampler)
+    bool draft_batch_invariant;  // cuda: draft passes row invariant too (else batch-tuned attention)
 } nb_backend_config;
 
 // Passes whose sequences all have at most this many rows (draft, verify with

@@ -18,7 +18,12 @@
 //     the quantized kernels see the same shape whatever the batch;
 //   - attention uses the row-invariant split of nb_pa_attention
 //     (fixed_chunk_groups), each sequence's rows cut into entries of at most
-//     8/(n_heads/n_kv_heads) rows.
+//     8/(n_heads/n_kv_heads) rows. Draft passes take the batch-tuned split
+//     (15-30% faster on the draft view at long context, docs/benchmarks.md)
+//     unless cfg.draft_batch_invariant: a draft only proposes tokens, the
+//     verify pass decides them (greedy output is the target's either way),
+//     and verify rewrites the drafted positions' KV; what the option keeps
+//     is that a SAMPLED sequence's tokens do not depend on its batch.
 // Longer passes (prefill chunks) use full-size GEMMs and the batch-tuned
 // attention split; both runs of a comparison prefill identically.
 // Step mode needs the decode attention kernel (head_dim 64/128, f16/bf16
@@ -126,7 +131,7 @@ static meta_off meta_layout(int R, int LR, int tab) {
 #define GRAPH_CACHE 48
 
 typedef struct graph_key {
-    int mode, R, n_ent, ent_rows, n_logits;
+    int mode, R, n_ent, ent_rows, n_logits, attn_tokens;
 } graph_key;
 
 typedef struct graph_ent {
@@ -168,6 +173,7 @@ typedef struct cuda_backend {
     int step_ok;       // step mode available (decode attention kernel usable)
     int entry_rows;    // rows per attention entry in step mode: 8 / GQA ratio
     int chunk_groups;  // fixed_chunk_groups of step mode
+    int n_chunks;      // chunks of max_seq_len in step mode (the workspace holds them)
     // per-pass metadata: pinned host staging + device copy
     size_t meta_bytes;
     uint8_t *meta_h, *meta_d;
@@ -598,7 +604,7 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
 // the launch cost of ~20 kernels per layer. The cache holds GRAPH_CACHE
 // shapes, least recently used out.
 static nb_status run_graph(cuda_backend *be, pass *ps, char *err, size_t err_len) {
-    graph_key k = {ps->mode, ps->R, ps->pa.n_seqs, ps->pa.max_rows, ps->n_logits};
+    graph_key k = {ps->mode, ps->R, ps->pa.n_seqs, ps->pa.max_rows, ps->n_logits, ps->pa.max_tokens};
     graph_ent *hit = NULL, *lru = &be->graphs[0];
     for (int i = 0; i < GRAPH_CACHE; i++) {
         graph_ent *g = &be->graphs[i];
@@ -883,10 +889,22 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     pa.max_tokens = max_tokens;
     pa.workspace = be->attn_ws;
     pa.workspace_bytes = be->attn_ws_bytes;
-    if (step) { // every chunk of the longest context: a fixed grid, the same graph for every length
-        pa.fixed_chunk_groups = be->chunk_groups;
-        pa.max_chunks = ATTN_MAX_CHUNKS;
-        pa.max_tokens = be->cfg.max_seq_len;
+    if (step) {
+        // Fixed chunks of chunk_groups groups; the grid covers the chunks
+        // of the longest entry, rounded up to a power of two, so a graph
+        // serves a range of lengths (at most log2(64) + 1 shapes) and
+        // short batches launch no CTAs for chunks nobody has. A row's bits
+        // do not depend on the grid: chunks are fixed by position and the
+        // merge skips empty ones. Batch-tuned draft passes get the same
+        // max_tokens (the graph key), the kernel reads the real lengths.
+        const int span = be->chunk_groups * G;
+        int nc = 1;
+        while (nc * span < max_tokens && nc < be->n_chunks) nc <<= 1;
+        if (nc > be->n_chunks) nc = be->n_chunks;
+        const bool inv = mode != NB_FWD_DRAFT || be->cfg.draft_batch_invariant;
+        pa.fixed_chunk_groups = inv ? be->chunk_groups : 0;
+        pa.max_chunks = inv ? ATTN_MAX_CHUNKS : be->n_chunks; // the workspace holds n_chunks per entry
+        pa.max_tokens = nc * span;
     } else { // as many chunks as the workspace holds
         size_t per_chunk = nb_pa_workspace_size(n_ent, max_ent_rows, mc->n_heads, D, 1);
         size_t c = per_chunk ? be->attn_ws_bytes / per_chunk : 1;
@@ -1036,6 +1054,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     be->chunk_groups = (groups + ATTN_MAX_CHUNKS - 1) / ATTN_MAX_CHUNKS;
     if (be->chunk_groups < 2) be->chunk_groups = 2;
     int n_chunks = (groups + be->chunk_groups - 1) / be->chunk_groups;
+    be->n_chunks = n_chunks;
     size_t ws = 0;
     if (be->step_ok) {
         int max_seqs = cfg->bm->max_seqs;

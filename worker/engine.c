@@ -189,6 +189,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         .device = p.device,
         .cuda_graphs = p.cuda_graphs,
         .host_sampling = p.host_sampling,
+        .draft_batch_invariant = p.draft_batch_invariant,
     };
 #ifdef NB_HAVE_CUDA
     // Memory plan as vLLM: weights and workspace first, the KV pools get the

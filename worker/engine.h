@@ -62,6 +62,10 @@ typedef struct nb_engine_params {
     bool cuda_graphs;           // cuda: CUDA graphs for step passes (default on)
     bool host_sampling;         // cuda: sample on the host from downloaded logits (the
                                 // reference twin of the GPU sampler; tests). Default off
+    bool draft_batch_invariant; // cuda: draft passes use the row-invariant attention split
+                                // too, so a sampled sequence's tokens do not depend on its
+                                // batch; default off: drafts take the faster batch-tuned
+                                // split (greedy output is the target's either way)
 } nb_engine_params;
 
 // Defaults: cpu, quantized cache, G=128, kv_memory 256 MiB, 16 sequences,

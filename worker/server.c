@@ -1356,6 +1356,7 @@ nb_server *nb_server_new(const nb_server_params *pin, bool bind, int *exit_code,
     ep.max_batch_rows = p.max_batch_rows;
     ep.target_weights = p.target_weights;
     ep.prefix_cache = p.prefix_cache;
+    ep.draft_batch_invariant = p.draft_batch_invariant;
     ep.kv_dtype = p.kv_dtype;
     if (p.max_model_len > 0 && p.max_model_len > s->mc->max_position_embeddings)
         nb_log(NB_LOG_WARN, "--max-model-len %d exceeds the model's trained context %d",

@@ -53,6 +53,7 @@ typedef struct nb_server_params {
     int32_t prefill_chunk;              // prompt tokens per sequence per pass
     int32_t max_batch_rows;             // most rows in one forward pass
     bool prefix_cache;                  // share equal prompt prefixes
+    bool draft_batch_invariant;         // cuda: row-invariant draft attention (nb_engine_params)
     uint64_t seed;                      // synthetic models' weight seed
     size_t max_message_bytes;           // requests above this get MESSAGE_TOO_LARGE
     const char *curve_secret_key_file;  // Z85 secret key; NULL: no CURVE

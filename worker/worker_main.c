@@ -43,6 +43,9 @@ static void usage(FILE *f) {
 "  --prefill-chunk N            prompt tokens per sequence per forward pass (default 256)\n"
 "  --max-batch-rows N           most rows in one forward pass (default 1024)\n"
 "  --no-prefix-cache            do not share equal prompt prefixes between sequences\n"
+"  --batch-invariant-draft      cuda: drafts with the row-invariant attention split too, so\n"
+"                               a sampled sequence's tokens do not depend on its batch\n"
+"                               (slower drafts; greedy output is the target's either way)\n"
 "  --seed S                     weight seed of synthetic models (default 0)\n"
 "  --max-message-bytes N        largest request accepted (default 64M); larger ones get\n"
 "                               MESSAGE_TOO_LARGE; ZeroMQ drops above 2N+4K (ZMQ_MAXMSGSIZE)\n"
@@ -94,7 +97,7 @@ static void on_signal(int sig) {
 enum {
     OPT_MODEL = 256, OPT_ENDPOINT, OPT_BACKEND, OPT_GROUP, OPT_KVMEM, OPT_GPUUTIL, OPT_DEVICE, OPT_MAXSEQS,
     OPT_MAXLEN, OPT_TARGET, OPT_KVCACHE, OPT_GAMMA, OPT_CHUNK, OPT_ROWS, OPT_NOPREFIX, OPT_SEED,
-    OPT_MAXMSG, OPT_CURVE_SK, OPT_CURVE_CL, OPT_LOG, OPT_HELP,
+    OPT_MAXMSG, OPT_CURVE_SK, OPT_CURVE_CL, OPT_LOG, OPT_HELP, OPT_INVDRAFT,
 };
 
 int main(int argc, char **argv) {
@@ -114,6 +117,7 @@ int main(int argc, char **argv) {
         {"prefill-chunk", required_argument, 0, OPT_CHUNK},
         {"max-batch-rows", required_argument, 0, OPT_ROWS},
         {"no-prefix-cache", no_argument, 0, OPT_NOPREFIX},
+        {"batch-invariant-draft", no_argument, 0, OPT_INVDRAFT},
         {"seed", required_argument, 0, OPT_SEED},
         {"max-message-bytes", required_argument, 0, OPT_MAXMSG},
         {"curve-secret-key", required_argument, 0, OPT_CURVE_SK},
@@ -159,6 +163,7 @@ int main(int argc, char **argv) {
         case OPT_CHUNK: ok = parse_int(a, 1, 1 << 20, &p.prefill_chunk); break;
         case OPT_ROWS: ok = parse_int(a, 1, 1 << 24, &p.max_batch_rows); break;
         case OPT_NOPREFIX: p.prefix_cache = false; break;
+        case OPT_INVDRAFT: p.draft_batch_invariant = true; break;
         case OPT_SEED: {
             char *end = NULL;
             p.seed = strtoull(a, &end, 0);

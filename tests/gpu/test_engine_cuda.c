@@ -11,7 +11,8 @@
 //     prompts (Spec-Bench turns tokenized with the model's tokenizer, the
 //     training report's prompts, odd-length random ones), generations
 //     crossing several group boundaries; with checkpoint and INT8 target
-//     weights; and a batch of sequences decoded together == each alone.
+//     weights; and a batch of sequences decoded together == each alone
+//     (greedy; sampled speculative rounds too with draft_batch_invariant).
 // (4) rollback (shallow, deep) and fork on the GPU: repeatable, and
 //     speculative == target-only after them.
 // Exits 77 (skip) without a GPU or without ../shared.
@@ -28,11 +29,13 @@ static double now_s(void) {
 }
 
 static bool g_host_sampling = false; // make_engine: cuda engines sample on the host
+static bool g_inv_draft = false;     // make_engine: draft passes row invariant (draft_batch_invariant)
 
 static nb_engine *make_engine(const nb_model *m, const char *backend, bool quant, int G, int kv_dtype,
                               nb_target_weights tw, char *err) {
     nb_engine_params p = nb_engine_default_params();
     p.host_sampling = g_host_sampling;
+    p.draft_batch_invariant = g_inv_draft;
     p.backend = backend;
     p.prefix_cache = false; // the equality tests compare runs with the same cache history
     p.quantized_cache = quant;
@@ -529,6 +532,81 @@ static void test_gpu_sampling(const nb_model *m, nb_tokenizer *tk) {
     nb_engine_destroy(&eh);
 }
 
+// Sampled speculative rounds of n sequences together (prompt / params
+// idx[j]), each prefilled alone: 12 rounds of Draft(gamma 1..7) + Verify,
+// then Decode(8). Tokens into out[idx[j]].
+static void sampled_rounds(nb_engine *e, const nb_sampling_params *sps, int32_t prompts[][200],
+                           const int *lens, const int *idx, int n, int32_t out[][SAMP_TOK], int *n_tok) {
+    int32_t seqs[SAMP_SEQS], next;
+    nb_status st[SAMP_SEQS];
+    for (int j = 0; j < n; j++) {
+        const int i = idx[j];
+        const int32_t *pp = prompts[i];
+        CHECK(nb_engine_seq_add(e, &sps[i], &seqs[j]) == NB_OK);
+        CHECK(nb_engine_prefill(e, 1, &seqs[j], &pp, &lens[i], &next, NULL, NULL, &st[j]) == NB_OK);
+        CHECK(st[j] == NB_OK);
+        n_tok[i] = 0;
+        out[i][n_tok[i]++] = next;
+    }
+    for (int round = 0; round < 12; round++) {
+        int gamma = 1 + round % 7;
+        int32_t d[SAMP_SEQS * 8], o[SAMP_SEQS * 9], n_out[SAMP_SEQS], n_acc[SAMP_SEQS];
+        CHECK(nb_engine_draft(e, n, seqs, gamma, d, st) == NB_OK);
+        for (int j = 0; j < n; j++) CHECK(st[j] == NB_OK);
+        CHECK(nb_engine_verify(e, n, seqs, o, NULL, n_out, n_acc, st) == NB_OK);
+        for (int j = 0; j < n; j++) {
+            const int i = idx[j];
+            CHECK(st[j] == NB_OK);
+            for (int k = 0; k < n_out[j] && n_tok[i] < SAMP_TOK; k++) out[i][n_tok[i]++] = o[j * 9 + k];
+        }
+    }
+    int32_t dec[SAMP_SEQS * 8], n_out[SAMP_SEQS];
+    CHECK(nb_engine_decode(e, n, seqs, 8, dec, NULL, n_out, st) == NB_OK);
+    for (int j = 0; j < n; j++) {
+        const int i = idx[j];
+        CHECK(st[j] == NB_OK && n_out[j] == 8);
+        for (int k = 0; k < 8 && n_tok[i] < SAMP_TOK; k++) out[i][n_tok[i]++] = dec[j * 8 + k];
+        nb_engine_seq_free(e, seqs[j]);
+    }
+}
+
+// draft_batch_invariant: a SAMPLED sequence's tokens do not depend on its
+// batch (speculative rounds with rejection sampling read the draft's
+// probabilities, so this needs row-invariant draft passes as well as
+// target ones). Without the option drafts take the batch-tuned split and
+// only greedy output is guaranteed batch independent (test_batch_invariance).
+static void test_sampled_batch_invariance(const nb_model *m, nb_tokenizer *tk) {
+    char err[256];
+    g_inv_draft = true;
+    nb_engine *e = make_engine(m, "cuda", true, 64, -1, NB_TARGET_WEIGHTS_MODEL, err);
+    g_inv_draft = false;
+    CHECKF(e, "%s", err);
+    static int32_t prompts[8][200];
+    int lens[8];
+    int np = load_prompts(tk, prompts, lens, 6);
+    CHECK(np >= SAMP_SEQS);
+    const nb_sampling_params mix[SAMP_SEQS] = {{0.9f, 0, 0.95f, 31}, {0.0f, 0, 1.0f, 0}, {1.0f, 30, 1.0f, 33},
+                                               {0.7f, 0, 0.8f, 34},  {1.2f, 0, 1.0f, 35}};
+    static int32_t together[SAMP_SEQS][SAMP_TOK], alone[SAMP_SEQS][SAMP_TOK];
+    int nt[SAMP_SEQS], na[SAMP_SEQS], idx[SAMP_SEQS];
+    for (int i = 0; i < SAMP_SEQS; i++) idx[i] = i;
+    sampled_rounds(e, mix, prompts, lens, idx, SAMP_SEQS, together, nt);
+    int bad = 0;
+    for (int i = 0; i < SAMP_SEQS; i++) {
+        sampled_rounds(e, mix, prompts, lens, &idx[i], 1, alone, na);
+        if (na[i] != nt[i] || memcmp(alone[i], together[i], sizeof(int32_t) * (size_t)na[i]) != 0) {
+            bad++;
+            printf("  sampled sequence %d differs between its batch and its solo run\n", i);
+        }
+    }
+    CHECKF(bad == 0, "%d of %d sampled sequences depend on their batch with draft_batch_invariant", bad,
+           SAMP_SEQS);
+    printf("proxy cuda, draft_batch_invariant: %d sampled speculative sequences (gamma 1..7, 12 rounds + "
+           "8 decode steps) == each alone\n",
+           SAMP_SEQS);
+    nb_engine_destroy(&e);
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -544,6 +622,7 @@ int main(void) {
     test_proxy_logits(m, tk);
     test_gpu_sampling(m, tk);
     test_batch_invariance(m, tk);
+    test_sampled_batch_invariance(m, tk);
     test_rollback_fork(m, tk);
     test_spec_equals_target(m, tk, NB_TARGET_WEIGHTS_MODEL, 64, 16);
     test_spec_equals_target(m, tk, NB_TARGET_WEIGHTS_MODEL, 128, 6);
