@@ -13,7 +13,7 @@
 // Prints a markdown table (compare_attention.py joins it with the SDPA one).
 //
 // usage: bench_attention_cuda [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]
-//                             [--flush read|write|none]
+//                             [--flush read|write|none] [--split batch|step]
 //   --only / --mode run one configuration / one kernel row (0..8, the order
 //   of mode_names below), e.g. to profile it (tests/gpu/profile).
 //   --flush: how L2 is emptied before each timed call. read (default): a
@@ -23,6 +23,13 @@
 //   to an L2's worth of DIRTY lines, whose write-back to HBM then lands in
 //   the timed call (~17 us on an H100 for every kernel, SDPA's included).
 //   none: no flush (the KV bytes may be served from L2 when they fit).
+//   --split: the split-K the calls use. batch (default): tuned to the call
+//   (nb_pa_args.fixed_chunk_groups 0). step: the row-invariant split the
+//   cuda backend's step mode (draft, verify, decode passes) uses for an
+//   engine of max_seq_len 131072, as worker/backend_cuda.c sets it up:
+//   fixed chunks of ceil(groups / 64) groups (at least 2), a grid over the
+//   context's chunks rounded up to a power of two (max_tokens = that many
+//   chunks' tokens).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -126,10 +133,11 @@ static float median(std::vector<float> v) {
 
 int main(int argc, char **argv) {
     int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1;
-    const char *only_model = NULL, *flush_mode = "read";
+    const char *only_model = NULL, *flush_mode = "read", *split = "batch";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc) flush_mode = argv[++i];
+        else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) only_mode = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
@@ -138,7 +146,8 @@ int main(int argc, char **argv) {
             only_ctx = atoi(argv[++i]);
         } else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I] [--flush read|write|none]\n",
+                    "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I] [--flush read|write|none] "
+                    "[--split batch|step]\n",
                     argv[0]);
             return 2;
         }
@@ -149,9 +158,11 @@ int main(int argc, char **argv) {
     if ((only_model && ((strcmp(only_model, "llama2-7b") && strcmp(only_model, "llama3-8b")) ||
                         (only_b != 1 && only_b != 8) || !ctx_ok)) ||
         only_mode < -1 || only_mode > 8 || iters < 1 ||
-        (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none"))) {
+        (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none")) ||
+        (strcmp(split, "batch") && strcmp(split, "step"))) {
         fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
-                        "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none\n", argv[0]);
+                        "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none; "
+                        "--split batch|step\n", argv[0]);
         return 2;
     }
     int n_dev = 0;
@@ -255,7 +266,16 @@ int main(int argc, char **argv) {
                                  "nibbler-int4-draft-tc",   "nibbler-fp16-fma",       "nibbler-fp16-tc"};
     const char *tc_env[9] = {NULL, NULL, NULL, "0", "0", "1", "1", "0", "1"};
 
-    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s\n\n", peak, flush_mode);
+    // --split step: the engine's step-mode split (worker/backend_cuda.c,
+    // ATTN_MAX_CHUNKS 64) for max_seq_len 131072.
+    const int step_max_len = 131072, step_max_chunks = 64;
+    const bool step = !strcmp(split, "step");
+    int step_groups = (step_max_len / G + step_max_chunks - 1) / step_max_chunks;
+    if (step_groups < 2) step_groups = 2;
+    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s; split: %s", peak, flush_mode,
+           split);
+    if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
+    printf("\n\n");
     printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     for (int mi = 0; mi < 2; mi++)
@@ -320,6 +340,14 @@ int main(int argc, char **argv) {
                     a.workspace = ws;
                     a.workspace_bytes = wsb;
                     a.max_chunks = max_chunks;
+                    if (step) { // as backend_cuda.c's step mode
+                        const int span = step_groups * G, n_all = (step_max_len / G + step_groups - 1) / step_groups;
+                        int nc = 1;
+                        while (nc * span < ctx && nc < n_all) nc <<= 1;
+                        a.fixed_chunk_groups = step_groups;
+                        a.max_tokens = nc * span;
+                        a.max_chunks = step_max_chunks;
+                    }
                     std::vector<float> t;
 #ifdef NB_PA_TRACE
                     const bool tracing = getenv("NB_BENCH_TRACE") != NULL;

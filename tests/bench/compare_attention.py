@@ -6,7 +6,13 @@ measured peak at >= 32k) marked, and the tensor-core decode kernel's gain over t
 the quantized views (the forced "-tc" and "-fma" rows; the main columns
 take the built-in choice).
 
-usage: compare_attention.py CUDA_TABLE.md SDPA_TABLE.md
+usage: compare_attention.py CUDA_TABLE.md SDPA_TABLE.md [STEP_TABLE.md]
+
+With STEP_TABLE.md (bench_attention_cuda --split step) the table is the
+engine's configuration instead: the fp16 and target columns (and their
+kernel-gain figures) from the step-mode split, which target, verify and
+decode passes must use (row invariance), the draft column from
+CUDA_TABLE.md's batch-tuned split, which draft passes use by default.
 """
 import sys
 
@@ -26,6 +32,12 @@ def rows(path):
 
 def main():
     cu, sd = rows(sys.argv[1]), rows(sys.argv[2])
+    if len(sys.argv) > 3:  # the engine's mix: fp16 / target rows from the step split
+        st = rows(sys.argv[3])
+        for key, kinds in st.items():
+            for kind, v in kinds.items():
+                if not kind.startswith("int4-draft"):
+                    cu.setdefault(key, {})[kind] = v
     print("| model | batch | ctx | SDPA ms | fp16 ms | int8-target ms | int4-draft ms | fp16/SDPA | "
           "target/SDPA | draft/SDPA | % peak fp16 / target / draft / SDPA | tensor-core gain fp16 / target / draft | goals |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

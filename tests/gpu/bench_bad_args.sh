@@ -2,23 +2,27 @@
 # tests/gpu/bench_bad_args.sh BENCH: bench_attention_cuda refuses wrong
 # arguments with exit 2 and a message naming the accepted values, before it
 # looks for a GPU (so this runs on machines without one), and a good
-# --flush value gets past the check (exit 0 with a GPU, 77 without).
+# --flush or --split value gets past the check (exit 0 with a GPU, 77 without).
 set -u
 bench=$1
 fail=0
-for args in "--flush bogus" "--flush" "--mode 9" "--iters 0" "--only llama9 1 4096" "--bogus"; do
+for args in "--flush bogus" "--flush" "--mode 9" "--iters 0" "--only llama9 1 4096" "--bogus" \
+    "--split bogus" "--split"; do
     msg=$("$bench" $args 2>&1 >/dev/null)
     rc=$?
-    if [ $rc -ne 2 ] || ! grep -q -- "--flush read|write|none" <<<"$msg"; then
+    if [ $rc -ne 2 ] || ! grep -q -- "--flush read|write|none" <<<"$msg" ||
+        ! grep -q -- "--split batch|step" <<<"$msg"; then
         echo "FAIL '$args': exit $rc (want 2 and the usage), stderr: $msg"
         fail=1
     fi
 done
-"$bench" --flush none --only llama3-8b 1 4096 --mode 2 --iters 1 >/dev/null 2>&1
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
-    echo "FAIL '--flush none': exit $rc (want 0, or 77 without a GPU)"
-    fail=1
-fi
+for args in "--flush none" "--split step"; do
+    "$bench" $args --only llama3-8b 1 4096 --mode 2 --iters 1 >/dev/null 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
+        echo "FAIL '$args': exit $rc (want 0, or 77 without a GPU)"
+        fail=1
+    fi
+done
 [ $fail -eq 0 ] && echo "PASS bench_attention_cuda argument checks"
 exit $fail
