@@ -93,7 +93,8 @@ typedef struct nb_pa_args {
     // c holds the groups [c*fixed_chunk_groups, (c+1)*fixed_chunk_groups) by
     // position, every chunk goes through the merge, and each row's output is
     // a function of its own query, position and cache contents only: equal,
-    // bit for bit, whatever the other rows, sequences, n_rows, pos_end or
+    // bit for bit, whatever the other rows, sequences, n_rows, pos_end,
+    // max_tokens (the grid: chunks past a sequence's end are empty) or
     // pre-quantization bookkeeping of the call. This is what makes a verify
     // row equal the target-only decode row at the same position (greedy
     // speculative == greedy target-only on the GPU). Needs the decode kernel

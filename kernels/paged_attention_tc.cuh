@@ -48,11 +48,13 @@
 // C_F1 group is walked quantized first), so the accumulators switch once,
 // by exact powers of two, from the code domain to values.
 //
-// Work split. Batch-tuned (fixed_chunk_groups 0): one CTA of NW warps per
-// SM; each (sequence, kv head) is split into n_chunks ranges of 32-token
-// slices weighted by bytes (an FP slice moves 4x a draft slice, 2x a target
-// one), and each CTA's range is split the same way among its warps; the
-// chunks' partials are merged by pa_merge_kernel. Row-invariant: chunk c =
+// Work split. Batch-tuned (fixed_chunk_groups 0): one wave of CPS CTAs of
+// NW warps per SM (CPS 1 unless forced); each (sequence, kv head) is split
+// into n_chunks ranges of 32-token slices weighted by bytes (an FP slice
+// moves 4x a draft slice, 2x a target one), and each CTA's range is split
+// the same way among its warps; the chunks' partials are merged by
+// pa_merge_kernel. Row-invariant (the draft view at CPS 2, the others at
+// 1; the CPS fixes NW, so it depends on the view only): chunk c =
 // groups [c*upc, (c+1)*upc) by position, warps split its nominal slices
 // evenly by position, the pre-quantized C_F1 group is walked twice
 // (quantized, then FP), so a row's result depends only on its query,
@@ -99,7 +101,7 @@ template <typename T, int MODE, int CPS> struct tc_cfg {
     static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
     // CTAs per SM (1 or 2), warps per CTA and ring slots per warp, measured
-    // on an H100 (docs/benchmarks.md, session 14): with one CTA per SM the
+    // on an H100 (docs/benchmarks.md, sessions 14-15): with one CTA per SM the
     // draft and FP views run faster with 12 x 2 (more warps hide the MMA
     // and shuffle dependency chains; one tile in flight per warp is enough
     // at 12 warps), the target with 8 x 3 (at 12 warps it spills under the
