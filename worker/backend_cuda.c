@@ -19,8 +19,8 @@
 //   - attention uses the row-invariant split of nb_pa_attention
 //     (fixed_chunk_groups), each sequence's rows cut into entries of at most
 //     8/(n_heads/n_kv_heads) rows. Draft passes take the batch-tuned split
-//     (7-32% faster on the draft view at >= 32k, docs/benchmarks.md)
-//     unless cfg.draft_batch_invariant: a draft only proposes tokens, the
+//     (the row-invariant one takes 7-32% longer on the draft view at
+//     >= 32k, docs/benchmarks.md) unless cfg.draft_batch_invariant: a draft only proposes tokens, the
 //     verify pass decides them (greedy output is the target's either way),
 //     and verify rewrites the drafted positions' KV; what the option keeps
 //     is that a SAMPLED sequence's tokens do not depend on its batch.
