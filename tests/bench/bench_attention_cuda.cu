@@ -24,9 +24,10 @@
 //   the timed call (~17 us on an H100 for every kernel, SDPA's included).
 //   none: no flush (the KV bytes may be served from L2 when they fit).
 //   --split: the split-K the calls use. batch (default): tuned to the call
-//   (nb_pa_args.fixed_chunk_groups 0). step: the row-invariant split the
-//   cuda backend's step mode (draft, verify, decode passes) uses for an
-//   engine of max_seq_len 131072, as worker/backend_cuda.c sets it up:
+//   (nb_pa_args.fixed_chunk_groups 0; what draft passes use by default).
+//   step: the row-invariant split the cuda backend's step mode (target,
+//   verify and decode passes; drafts with --batch-invariant-draft) uses for
+//   an engine of max_seq_len 131072, as worker/backend_cuda.c sets it up:
 //   fixed chunks of ceil(groups / 64) groups (at least 2), a grid over the
 //   context's chunks rounded up to a power of two (max_tokens = that many
 //   chunks' tokens).
