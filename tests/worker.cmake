@@ -16,6 +16,12 @@ nb_worker_test(test_worker_pressure integration/test_worker_pressure.c 300)
 nb_worker_test(test_worker_flow integration/test_worker_flow.c 600)
 nb_worker_test(test_worker_curve integration/test_worker_curve.c 300)
 nb_worker_test(test_worker_sigterm integration/test_worker_sigterm.c 300)
+# Boolean flags refuse a value and are documented in --help.
+if(TARGET nibbler-worker)
+  add_test(NAME worker_flags COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_flags.sh
+           $<TARGET_FILE:nibbler-worker>)
+  set_tests_properties(worker_flags PROPERTIES TIMEOUT 60 LABELS worker)
+endif()
 
 # The request decoder + validator: a libFuzzer target with clang, and in every
 # build a plain driver that replays the committed corpus (tests/fuzz/corpus).

@@ -415,46 +415,57 @@ static void test_batch_invariance(const nb_model *m, nb_tokenizer *tk) {
     nb_engine_destroy(&e);
 }
 
-// One batch of mixed sequences through prefill, sampled speculative rounds
-// and decode steps; writes each sequence's tokens (n_tok per sequence).
+// Sampled speculative rounds of n sequences together (prompt / params
+// idx[j]): prefill (one pass for all when joint_prefill, else each alone),
+// 12 rounds of Draft(gamma 1..7) + Verify, then Decode(8). Tokens into
+// out[idx[j]] (n_tok[idx[j]] of them); drafted / accepted counts added to
+// *drafted / *accepted when given.
 #define SAMP_SEQS 5
 #define SAMP_TOK 96
-static void sampled_batch(nb_engine *e, const nb_sampling_params *sps, int32_t prompts[][200],
-                          const int *lens, int32_t out[][SAMP_TOK], int *n_tok, long *drafted,
-                          long *accepted) {
+static void sampled_rounds(nb_engine *e, const nb_sampling_params *sps, int32_t prompts[][200],
+                           const int *lens, const int *idx, int n, bool joint_prefill,
+                           int32_t out[][SAMP_TOK], int *n_tok, long *drafted, long *accepted) {
     int32_t seqs[SAMP_SEQS], next[SAMP_SEQS], lens_[SAMP_SEQS];
     const int32_t *pp[SAMP_SEQS];
     nb_status st[SAMP_SEQS];
-    for (int i = 0; i < SAMP_SEQS; i++) {
-        CHECK(nb_engine_seq_add(e, &sps[i], &seqs[i]) == NB_OK);
-        pp[i] = prompts[i];
-        lens_[i] = lens[i];
+    for (int j = 0; j < n; j++) {
+        const int i = idx[j];
+        CHECK(nb_engine_seq_add(e, &sps[i], &seqs[j]) == NB_OK);
+        pp[j] = prompts[i];
+        lens_[j] = lens[i];
         n_tok[i] = 0;
     }
-    CHECK(nb_engine_prefill(e, SAMP_SEQS, seqs, pp, lens_, next, NULL, NULL, st) == NB_OK);
-    for (int i = 0; i < SAMP_SEQS; i++) {
-        CHECK(st[i] == NB_OK);
-        out[i][n_tok[i]++] = next[i];
+    if (joint_prefill) {
+        CHECK(nb_engine_prefill(e, n, seqs, pp, lens_, next, NULL, NULL, st) == NB_OK);
+    } else {
+        for (int j = 0; j < n; j++)
+            CHECK(nb_engine_prefill(e, 1, &seqs[j], &pp[j], &lens_[j], &next[j], NULL, NULL, &st[j]) == NB_OK);
+    }
+    for (int j = 0; j < n; j++) {
+        CHECK(st[j] == NB_OK);
+        out[idx[j]][n_tok[idx[j]]++] = next[j];
     }
     for (int round = 0; round < 12; round++) {
         int gamma = 1 + round % 7;
         int32_t d[SAMP_SEQS * 8], o[SAMP_SEQS * 9], n_out[SAMP_SEQS], n_acc[SAMP_SEQS];
-        CHECK(nb_engine_draft(e, SAMP_SEQS, seqs, gamma, d, st) == NB_OK);
-        for (int i = 0; i < SAMP_SEQS; i++) CHECK(st[i] == NB_OK);
-        CHECK(nb_engine_verify(e, SAMP_SEQS, seqs, o, NULL, n_out, n_acc, st) == NB_OK);
-        for (int i = 0; i < SAMP_SEQS; i++) {
-            CHECK(st[i] == NB_OK);
-            *drafted += gamma;
-            *accepted += n_acc[i];
-            for (int j = 0; j < n_out[i] && n_tok[i] < SAMP_TOK; j++) out[i][n_tok[i]++] = o[i * 9 + j];
+        CHECK(nb_engine_draft(e, n, seqs, gamma, d, st) == NB_OK);
+        for (int j = 0; j < n; j++) CHECK(st[j] == NB_OK);
+        CHECK(nb_engine_verify(e, n, seqs, o, NULL, n_out, n_acc, st) == NB_OK);
+        for (int j = 0; j < n; j++) {
+            const int i = idx[j];
+            CHECK(st[j] == NB_OK);
+            if (drafted) *drafted += gamma;
+            if (accepted) *accepted += n_acc[j];
+            for (int k = 0; k < n_out[j] && n_tok[i] < SAMP_TOK; k++) out[i][n_tok[i]++] = o[j * 9 + k];
         }
     }
     int32_t dec[SAMP_SEQS * 8], n_out[SAMP_SEQS];
-    CHECK(nb_engine_decode(e, SAMP_SEQS, seqs, 8, dec, NULL, n_out, st) == NB_OK);
-    for (int i = 0; i < SAMP_SEQS; i++) {
-        CHECK(st[i] == NB_OK && n_out[i] == 8);
-        for (int j = 0; j < 8 && n_tok[i] < SAMP_TOK; j++) out[i][n_tok[i]++] = dec[i * 8 + j];
-        nb_engine_seq_free(e, seqs[i]);
+    CHECK(nb_engine_decode(e, n, seqs, 8, dec, NULL, n_out, st) == NB_OK);
+    for (int j = 0; j < n; j++) {
+        const int i = idx[j];
+        CHECK(st[j] == NB_OK && n_out[j] == 8);
+        for (int k = 0; k < 8 && n_tok[i] < SAMP_TOK; k++) out[i][n_tok[i]++] = dec[j * 8 + k];
+        nb_engine_seq_free(e, seqs[j]);
     }
 }
 
@@ -511,8 +522,9 @@ static void test_gpu_sampling(const nb_model *m, nb_tokenizer *tk) {
     static int32_t oa[SAMP_SEQS][SAMP_TOK], ob[SAMP_SEQS][SAMP_TOK];
     int na[SAMP_SEQS], nbt[SAMP_SEQS];
     long bd = 0, ba = 0, bd2 = 0, ba2 = 0;
-    sampled_batch(ed, mix, prompts, lens, oa, na, &bd, &ba);
-    sampled_batch(eh, mix, prompts, lens, ob, nbt, &bd2, &ba2);
+    const int all[SAMP_SEQS] = {0, 1, 2, 3, 4};
+    sampled_rounds(ed, mix, prompts, lens, all, SAMP_SEQS, true, oa, na, &bd, &ba);
+    sampled_rounds(eh, mix, prompts, lens, all, SAMP_SEQS, true, ob, nbt, &bd2, &ba2);
     for (int i = 0; i < SAMP_SEQS; i++) {
         runs++;
         bool same = na[i] == nbt[i] && memcmp(oa[i], ob[i], sizeof(int32_t) * (size_t)na[i]) == 0;
@@ -530,44 +542,6 @@ static void test_gpu_sampling(const nb_model *m, nb_tokenizer *tk) {
            runs - diverged, runs, (double)accepted / (double)drafted);
     nb_engine_destroy(&ed);
     nb_engine_destroy(&eh);
-}
-
-// Sampled speculative rounds of n sequences together (prompt / params
-// idx[j]), each prefilled alone: 12 rounds of Draft(gamma 1..7) + Verify,
-// then Decode(8). Tokens into out[idx[j]].
-static void sampled_rounds(nb_engine *e, const nb_sampling_params *sps, int32_t prompts[][200],
-                           const int *lens, const int *idx, int n, int32_t out[][SAMP_TOK], int *n_tok) {
-    int32_t seqs[SAMP_SEQS], next;
-    nb_status st[SAMP_SEQS];
-    for (int j = 0; j < n; j++) {
-        const int i = idx[j];
-        const int32_t *pp = prompts[i];
-        CHECK(nb_engine_seq_add(e, &sps[i], &seqs[j]) == NB_OK);
-        CHECK(nb_engine_prefill(e, 1, &seqs[j], &pp, &lens[i], &next, NULL, NULL, &st[j]) == NB_OK);
-        CHECK(st[j] == NB_OK);
-        n_tok[i] = 0;
-        out[i][n_tok[i]++] = next;
-    }
-    for (int round = 0; round < 12; round++) {
-        int gamma = 1 + round % 7;
-        int32_t d[SAMP_SEQS * 8], o[SAMP_SEQS * 9], n_out[SAMP_SEQS], n_acc[SAMP_SEQS];
-        CHECK(nb_engine_draft(e, n, seqs, gamma, d, st) == NB_OK);
-        for (int j = 0; j < n; j++) CHECK(st[j] == NB_OK);
-        CHECK(nb_engine_verify(e, n, seqs, o, NULL, n_out, n_acc, st) == NB_OK);
-        for (int j = 0; j < n; j++) {
-            const int i = idx[j];
-            CHECK(st[j] == NB_OK);
-            for (int k = 0; k < n_out[j] && n_tok[i] < SAMP_TOK; k++) out[i][n_tok[i]++] = o[j * 9 + k];
-        }
-    }
-    int32_t dec[SAMP_SEQS * 8], n_out[SAMP_SEQS];
-    CHECK(nb_engine_decode(e, n, seqs, 8, dec, NULL, n_out, st) == NB_OK);
-    for (int j = 0; j < n; j++) {
-        const int i = idx[j];
-        CHECK(st[j] == NB_OK && n_out[j] == 8);
-        for (int k = 0; k < 8 && n_tok[i] < SAMP_TOK; k++) out[i][n_tok[i]++] = dec[j * 8 + k];
-        nb_engine_seq_free(e, seqs[j]);
-    }
 }
 
 // draft_batch_invariant: a SAMPLED sequence's tokens do not depend on its
@@ -590,10 +564,10 @@ static void test_sampled_batch_invariance(const nb_model *m, nb_tokenizer *tk) {
     static int32_t together[SAMP_SEQS][SAMP_TOK], alone[SAMP_SEQS][SAMP_TOK];
     int nt[SAMP_SEQS], na[SAMP_SEQS], idx[SAMP_SEQS];
     for (int i = 0; i < SAMP_SEQS; i++) idx[i] = i;
-    sampled_rounds(e, mix, prompts, lens, idx, SAMP_SEQS, together, nt);
+    sampled_rounds(e, mix, prompts, lens, idx, SAMP_SEQS, false, together, nt, NULL, NULL);
     int bad = 0;
     for (int i = 0; i < SAMP_SEQS; i++) {
-        sampled_rounds(e, mix, prompts, lens, &idx[i], 1, alone, na);
+        sampled_rounds(e, mix, prompts, lens, &idx[i], 1, false, alone, na, NULL, NULL);
         if (na[i] != nt[i] || memcmp(alone[i], together[i], sizeof(int32_t) * (size_t)na[i]) != 0) {
             bad++;
             printf("  sampled sequence %d differs between its batch and its solo run\n", i);
