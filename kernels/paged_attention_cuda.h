@@ -111,6 +111,27 @@ typedef struct nb_pa_args {
 size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads, int32_t head_dim,
                             int32_t max_chunks);
 
+// The row-invariant split a serving engine uses for its step passes
+// (worker/backend_cuda.c; bench_attention_cuda --split step reproduces it):
+// chunks of *chunk_groups = ceil(ceil(max_seq_len / G) / max_chunks) groups
+// (at least 2), *n_chunks of them over max_seq_len, and for a call whose
+// entries end at or before max_tokens, *grid_tokens: the max_tokens to pass
+// (the chunks up to max_tokens rounded up to a power of two, at most
+// n_chunks: a bounded number of grid shapes, no CTAs past the batch).
+static inline void nb_pa_step_split(int32_t max_seq_len, int32_t G, int32_t max_chunks, int32_t max_tokens,
+                                    int32_t *chunk_groups, int32_t *n_chunks, int32_t *grid_tokens) {
+    const int32_t groups = (max_seq_len + G - 1) / G;
+    int32_t cg = (groups + max_chunks - 1) / max_chunks;
+    if (cg < 2) cg = 2;
+    const int32_t nall = (groups + cg - 1) / cg;
+    int32_t nc = 1;
+    while (nc * cg * G < max_tokens && nc < nall) nc <<= 1;
+    if (nc > nall) nc = nall;
+    *chunk_groups = cg;
+    *n_chunks = nall;
+    *grid_tokens = nc * cg * G;
+}
+
 // Runs attention for every row of every sequence of the batch at one layer.
 // Returns NB_OK (launched); NB_ERR_INVALID_ARG (invalid layout, layer, mode,
 // head counts, bounds, NULL pointer, workspace too small); NB_ERR_UNSUPPORTED

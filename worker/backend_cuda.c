@@ -172,8 +172,6 @@ typedef struct cuda_backend {
     size_t attn_ws_bytes;
     int step_ok;       // step mode available (decode attention kernel usable)
     int entry_rows;    // rows per attention entry in step mode: 8 / GQA ratio
-    int chunk_groups;  // fixed_chunk_groups of step mode
-    int n_chunks;      // chunks of max_seq_len in step mode (the workspace holds them)
     // per-pass metadata: pinned host staging + device copy
     size_t meta_bytes;
     uint8_t *meta_h, *meta_d;
@@ -897,14 +895,12 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
         // do not depend on the grid: chunks are fixed by position and the
         // merge skips empty ones. Batch-tuned draft passes get the same
         // max_tokens (the graph key), the kernel reads the real lengths.
-        const int span = be->chunk_groups * G;
-        int nc = 1;
-        while (nc * span < max_tokens && nc < be->n_chunks) nc <<= 1;
-        if (nc > be->n_chunks) nc = be->n_chunks;
+        int32_t cg, nall, grid_tokens;
+        nb_pa_step_split(be->cfg.max_seq_len, G, ATTN_MAX_CHUNKS, max_tokens, &cg, &nall, &grid_tokens);
         const bool inv = mode != NB_FWD_DRAFT || be->cfg.draft_batch_invariant;
-        pa.fixed_chunk_groups = inv ? be->chunk_groups : 0;
-        pa.max_chunks = inv ? ATTN_MAX_CHUNKS : be->n_chunks; // the workspace holds n_chunks per entry
-        pa.max_tokens = nc * span;
+        pa.fixed_chunk_groups = inv ? cg : 0;
+        pa.max_chunks = inv ? ATTN_MAX_CHUNKS : nall; // the workspace holds nall chunks per entry
+        pa.max_tokens = grid_tokens;
     } else { // as many chunks as the workspace holds
         size_t per_chunk = nb_pa_workspace_size(n_ent, max_ent_rows, mc->n_heads, D, 1);
         size_t c = per_chunk ? be->attn_ws_bytes / per_chunk : 1;
@@ -1050,11 +1046,8 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     const nb_dtype kdt = cfg->layout.dtype;
     be->step_ok = (D == 64 || D == 128) && kdt != NB_DTYPE_F32 && G % 32 == 0 && ratio <= 8;
     be->entry_rows = be->step_ok ? 8 / ratio : 0;
-    int groups = (cfg->max_seq_len + G - 1) / G;
-    be->chunk_groups = (groups + ATTN_MAX_CHUNKS - 1) / ATTN_MAX_CHUNKS;
-    if (be->chunk_groups < 2) be->chunk_groups = 2;
-    int n_chunks = (groups + be->chunk_groups - 1) / be->chunk_groups;
-    be->n_chunks = n_chunks;
+    int groups = (cfg->max_seq_len + G - 1) / G, chunk_groups, n_chunks, grid_unused;
+    nb_pa_step_split(cfg->max_seq_len, G, ATTN_MAX_CHUNKS, 1, &chunk_groups, &n_chunks, &grid_unused);
     size_t ws = 0;
     if (be->step_ok) {
         int max_seqs = cfg->bm->max_seqs;

@@ -271,8 +271,8 @@ int main(int argc, char **argv) {
     // ATTN_MAX_CHUNKS 64) for max_seq_len 131072.
     const int step_max_len = 131072, step_max_chunks = 64;
     const bool step = !strcmp(split, "step");
-    int step_groups = (step_max_len / G + step_max_chunks - 1) / step_max_chunks;
-    if (step_groups < 2) step_groups = 2;
+    int32_t step_groups, step_n, step_unused;
+    nb_pa_step_split(step_max_len, G, step_max_chunks, 1, &step_groups, &step_n, &step_unused);
     printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s; split: %s", peak, flush_mode,
            split);
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
@@ -342,11 +342,10 @@ int main(int argc, char **argv) {
                     a.workspace_bytes = wsb;
                     a.max_chunks = max_chunks;
                     if (step) { // as backend_cuda.c's step mode
-                        const int span = step_groups * G, n_all = (step_max_len / G + step_groups - 1) / step_groups;
-                        int nc = 1;
-                        while (nc * span < ctx && nc < n_all) nc <<= 1;
+                        int32_t grid_tokens;
+                        nb_pa_step_split(step_max_len, G, step_max_chunks, ctx, &step_groups, &step_n, &grid_tokens);
                         a.fixed_chunk_groups = step_groups;
-                        a.max_tokens = nc * span;
+                        a.max_tokens = grid_tokens;
                         a.max_chunks = step_max_chunks;
                     }
                     std::vector<float> t;
