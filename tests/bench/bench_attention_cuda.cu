@@ -14,6 +14,7 @@
 //
 // usage: bench_attention_cuda [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]
 //                             [--flush read|write|none] [--split batch|step]
+//                             [--step-chunks N]
 //   --only / --mode run one configuration / one kernel row (0..8, the order
 //   of mode_names below), e.g. to profile it (tests/gpu/profile).
 //   --flush: how L2 is emptied before each timed call. read (default): a
@@ -31,6 +32,9 @@
 //   fixed chunks of ceil(groups / 64) groups (at least 2), a grid over the
 //   context's chunks rounded up to a power of two (max_tokens = that many
 //   chunks' tokens).
+//   --step-chunks N (2..128, default 64, the engine's ATTN_MAX_CHUNKS): the
+//   max_chunks the step split is derived from (chunks of ceil(groups / N)
+//   groups), to measure other fixed chunk sizes.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -133,13 +137,14 @@ static float median(std::vector<float> v) {
 }
 
 int main(int argc, char **argv) {
-    int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1;
+    int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1, step_max_chunks = 64;
     const char *only_model = NULL, *flush_mode = "read", *split = "batch";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc) flush_mode = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--step-chunks") && i + 1 < argc) step_max_chunks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) only_mode = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
             only_model = argv[++i];
@@ -148,7 +153,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I] [--flush read|write|none] "
-                    "[--split batch|step]\n",
+                    "[--split batch|step] [--step-chunks N]\n",
                     argv[0]);
             return 2;
         }
@@ -160,10 +165,10 @@ int main(int argc, char **argv) {
                         (only_b != 1 && only_b != 8) || !ctx_ok)) ||
         only_mode < -1 || only_mode > 8 || iters < 1 ||
         (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none")) ||
-        (strcmp(split, "batch") && strcmp(split, "step"))) {
+        (strcmp(split, "batch") && strcmp(split, "step")) || step_max_chunks < 2 || step_max_chunks > 128) {
         fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
                         "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none; "
-                        "--split batch|step\n", argv[0]);
+                        "--split batch|step; --step-chunks 2..128\n", argv[0]);
         return 2;
     }
     int n_dev = 0;
@@ -268,8 +273,8 @@ int main(int argc, char **argv) {
     const char *tc_env[9] = {NULL, NULL, NULL, "0", "0", "1", "1", "0", "1"};
 
     // --split step: the engine's step-mode split (worker/backend_cuda.c,
-    // ATTN_MAX_CHUNKS 64) for max_seq_len 131072.
-    const int step_max_len = 131072, step_max_chunks = 64;
+    // ATTN_MAX_CHUNKS 64 unless --step-chunks) for max_seq_len 131072.
+    const int step_max_len = 131072;
     const bool step = !strcmp(split, "step");
     int32_t step_groups, step_n, step_unused;
     nb_pa_step_split(step_max_len, G, step_max_chunks, 1, &step_groups, &step_n, &step_unused);
