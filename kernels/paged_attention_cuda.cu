@@ -1367,18 +1367,26 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
 }
 // CTAs per SM for a call: NB_PA_TC_CPS=1|2 in the environment forces one
 // (read per call, for benchmarks and tests). Built in, measured on an H100
-// (docs/benchmarks.md, session 15): two for the draft view's row-invariant
-// split, whose fixed chunks are small (2,048 tokens = 256 KB of nibbles at
-// 128k max_seq_len) and come in waves, so one CTA's prologue and merge run
-// under the other's stream (Llama-3 shape, batch 8: 32k 0.159 -> 0.138 ms,
-// 128k 0.569 -> 0.475; but batch 1 up to 32k 20% slower); one otherwise
-// (batch-tuned: a single wave; target and FP views: mixed, within a few
-// percent at long context, slower at batch 1). The choice depends on the
-// view and the split kind only, never on the call's rows or sequences (a
-// row-invariant row must take the same warp split whatever its batch).
+// (docs/benchmarks.md, sessions 15-16): two for the row-invariant split's
+// draft view, and for its target view when the model has one query head
+// per kv head; one otherwise. The fixed chunks are small (2,048 tokens at
+// 128k max_seq_len; 256 KB of nibbles for the draft) and come in waves, so
+// two CTAs let one CTA's prologue and merge run under the other's stream:
+// Llama-3 shape batch 8 draft 32k 0.159 -> 0.138 ms, 128k 0.569 -> 0.475
+// (batch 1 up to 32k 20% slower); Llama-2 shape target (tensor-core
+// kernel, use_tc) 1-4.5% faster from 32k tokens and at batch 8 from 16k,
+// 7% at batch 1 4k, 1.7% slower at batch 1 16k. But the Llama-3 shape's
+// target view at batch 1 up to 32k is 6-34% slower with two, as its 8
+// (sequence, kv head) pairs leave the SMs few CTAs of half the warps, and
+// the Llama-2 shape's FP view is within 3% either way from 16k, 11% slower
+// at batch 1 4k. Batch-tuned calls are one wave: one CTA. The choice
+// depends on the view, the split kind and the model's head ratio only,
+// never on the call's rows or sequences (a row-invariant row must take the
+// same warp split whatever its batch).
 template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
     const char *e = getenv("NB_PA_TC_CPS");
-    int cps = a->fixed_chunk_groups > 0 && MODE == NB_PA_DRAFT ? 2 : 1;
+    const bool inv = a->fixed_chunk_groups > 0;
+    int cps = inv && (MODE == NB_PA_DRAFT || (MODE == NB_PA_TARGET && kp.g == 1)) ? 2 : 1;
     if (e && (e[0] == '1' || e[0] == '2')) cps = e[0] - '0';
     return cps == 2 ? tc_launch<T, MODE, 2>(kp, a, s) : tc_launch<T, MODE, 1>(kp, a, s);
 }
@@ -1393,24 +1401,29 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
 }
 
 // Which decode kernel runs a D = 128 call of <= 8 query vectors per kv
-// head. Measured on an H100 (docs/benchmarks.md, session 14): the
+// head. Measured on an H100 (docs/benchmarks.md, sessions 14-16): the
 // tensor-core kernel costs about the same instructions per cached byte
 // whatever the number of query vectors, the scalar one ~4 FMAs per value
 // and query vector, so with 4 query heads per kv head (Llama-3) the
 // tensor-core kernel is 1.2-2.6x faster in every view; with 1 (Llama-2) it
 // is 3-9% faster on the FP-only view, 2-5% on the draft view from 16k
-// tokens, and 3-6% SLOWER on the target view at batch 1 (integer dot
-// products are cheap for one query vector). The choice depends on the
-// model's head ratio and the view only, never on the rows of a call, so a
-// verify row and the target-only decode row at the same position take the
-// same kernel (the row-invariance contract of fixed_chunk_groups).
-// NB_PA_TC=0 / NB_PA_TC=1 in the environment force the scalar / tensor-core
-// kernel (benchmarks and tests compare the two; read per call).
-bool use_tc(int gqa, nb_pa_mode mode) {
+// tokens; on the target view, 3-6% SLOWER with the batch-tuned split at
+// batch 1 (integer dot products are cheap for one query vector), but with
+// the row-invariant split, at two CTAs per SM (tc_by_cps), 1-4.5% faster
+// from 32k tokens and 7% at batch 1 4k (1.7% slower at batch 1 16k; one-row
+// calls), and a verify entry's rows (up to 8) do not add to its cost per
+// byte as they do to the scalar kernel's. The choice depends
+// on the model's head ratio, the view and the split kind only, never on
+// the rows of a call, so a verify row and the target-only decode row at
+// the same position take the same kernel (the row-invariance contract of
+// fixed_chunk_groups). NB_PA_TC=0 / NB_PA_TC=1 in the environment force
+// the scalar / tensor-core kernel (benchmarks and tests compare the two;
+// read per call).
+bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
     const char *e = getenv("NB_PA_TC");
     if (e && e[0] == '0') return false;
     if (e && e[0] == '1') return true;
-    return mode != NB_PA_TARGET || gqa >= 2;
+    return mode != NB_PA_TARGET || gqa >= 2 || inv;
 }
 template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
     if (M_max <= 1) return dec_by_mode<D, T, 1>(kp, a, s);
@@ -1590,7 +1603,7 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernel only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
-        if (D == TC_D && M_max <= TC_M && use_tc(g, a->mode)) {
+        if (D == TC_D && M_max <= TC_M && use_tc(g, a->mode, a->fixed_chunk_groups > 0)) {
             const nb_status st = a->lay.dtype == NB_DTYPE_F16 ? tc_by_mode<__half>(kp, a, stream)
                                                               : tc_by_mode<__nv_bfloat16>(kp, a, stream);
             if (st != NB_ERR_UNSUPPORTED) return st; // unsupported: bf16 FP-only, the scalar kernel below

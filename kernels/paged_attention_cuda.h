@@ -21,8 +21,9 @@
 // (paged_attention_tc.cuh: bulk async copies into per-warp mbarrier rings,
 // mma.sync on nibble codes turned into exact f16 subnormals, q*S split hi +
 // lo). The tensor-core kernel takes every view of models with >= 2 query
-// heads per kv head and the draft / FP-only views with 1 (its FP-only view
-// on f16 caches only); NB_PA_TC=0 / 1 in the environment forces the scalar /
+// heads per kv head and the draft / FP-only views with 1, and with the
+// row-invariant split the target view with 1 too (its FP-only view on f16
+// caches only); NB_PA_TC=0 / 1 in the environment forces the scalar /
 // tensor-core kernel where both apply. Everything else (more query vectors,
 // other D / G, f32): the cp.async tile kernel.
 //
