@@ -1374,7 +1374,7 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
 // two CTAs let one CTA's prologue and merge run under the other's stream:
 // Llama-3 shape batch 8 draft 32k 0.159 -> 0.138 ms, 128k 0.569 -> 0.475
 // (batch 1 up to 32k 20% slower); Llama-2 shape target (tensor-core
-// kernel, use_tc) 1-4.5% faster from 32k tokens and at batch 8 from 16k,
+// kernel, use_tc) 0.6-4.5% faster from 32k tokens and at batch 8 from 16k,
 // 7% at batch 1 4k, 1.7% slower at batch 1 16k. But the Llama-3 shape's
 // target view at batch 1 up to 32k is 6-34% slower with two, as its 8
 // (sequence, kv head) pairs leave the SMs few CTAs of half the warps, and
@@ -1409,7 +1409,7 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
 // is 3-9% faster on the FP-only view, 2-5% on the draft view from 16k
 // tokens; on the target view, 3-6% SLOWER with the batch-tuned split at
 // batch 1 (integer dot products are cheap for one query vector), but with
-// the row-invariant split, at two CTAs per SM (tc_by_cps), 1-4.5% faster
+// the row-invariant split, at two CTAs per SM (tc_by_cps), 0.6-4.5% faster
 // from 32k tokens and 7% at batch 1 4k (1.7% slower at batch 1 16k; one-row
 // calls), and a verify entry's rows (up to 8) do not add to its cost per
 // byte as they do to the scalar kernel's. The choice depends
