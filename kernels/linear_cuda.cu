@@ -4,17 +4,20 @@
 // The one idea of the quantized path: a weight tile of 16 rows is the A
 // operand of mma.sync.m16n8k16 and 8 rows of x are B, so one 16-byte load of
 // nibbles per lane (32 codes of one row, a quarter of a group) becomes A
-// fragments with a mask-or-fma per pair of codes and no shuffles:
+// fragments with a mask (or mask-or-fma) per pair of codes and no shuffles:
 //   - lane (g = lane/4, t = lane%4) owns rows g and g+8 of the tile and
 //     elements [32t, 32t+32) of each group of 128: 16 bytes of each plane;
-//   - (q >> 4i) & 0x000f000f | magic puts codes i and i+4 of the 8 held in
-//     word q into the two halves of an f16x2 (bf16x2) as magic + code, and
-//     one fma.rn.x2 removes the magic (and scales U by 16 in the 8-bit
-//     view), exactly;
-//   - the mma's k index is a permutation of the physical one (slots 2t,
-//     2t+1, 2t+8, 2t+9 hold codes (0,4), (1,5) of a word, then (2,6), (3,7)),
-//     and x is loaded 8 halves at a time and permuted the same way with two
-//     byte-perms per pair; a dot product does not care about k's order;
+//   - the device planes are in the CUDA layout (nb_cuda_wq_pack_plane):
+//     within each 32-bit word of 8 codes, nibble n holds code rev3(n)
+//     (0,4,2,6,1,5,3,7), so (q >> 4i) & 0x000f000f puts codes (0,1), (4,5),
+//     (2,3), (6,7) for i = 0..3 into the two halves of an x2 register: the
+//     order of x in memory, so an x load is a B fragment as it is;
+//   - in the 4-bit view with f16 x the masked bits already are the f16
+//     subnormals U * 2^-24 (exact), and q & 0x00f000f0 is 16U * 2^-24, so
+//     one shift and four masks make the word's four A registers; the
+//     16U ones accumulate apart and are folded in with one fma per group.
+//     Otherwise magic | code and one fma.rn.x2 remove the magic (and scale U
+//     by 16 in the 8-bit view), exactly;
 //   - sum(x_G) comes from one more mma with A = all ones, already laid out
 //     like the accumulators, so the zero term is one multiply per group.
 // Per group the mma accumulates dot(x_G, C_G) in f32 from +0, and the lane
@@ -51,6 +54,7 @@ struct WqParams {
     const void *bias;       // [m] bias_dt or NULL
     int out_dt, bias_dt;
     int n, m, k;
+    int trace_seq;          // NB_WQ_TRACE builds: the launch's trace slot, or -1
 };
 
 // Constants for turning "magic | code" into the code: value = h * mul + add.
@@ -88,14 +92,14 @@ __device__ __forceinline__ uint32_t fma2<__nv_bfloat16>(uint32_t a, uint32_t b, 
     return d;
 }
 
-// Codes i and i+4 of the 8 nibbles of q (i = shift / 4) as an x2 value.
+// Nibbles i and i+4 of the 8 of q (i = shift / 4) as an x2 value.
 template <typename XT>
 __device__ __forceinline__ uint32_t deq(uint32_t q, int shift, uint32_t mul, uint32_t add) {
     uint32_t h = ((q >> shift) & 0x000f000fu) | Deq<XT>::kMagic;
     return fma2<XT>(h, mul, add);
 }
 
-// The upper-plane codes i and i+4 of word q (i = shift / 4) as an mma
+// The upper-plane nibbles i and i+4 of word q (i = shift / 4) as an mma
 // operand. 8-bit view: 16U (magic, then one fma). 4-bit view: U, except in
 // f16, where the masked bits already are the f16 subnormals U * 2^-24: one
 // instruction instead of three, and exact, as are their products with x
@@ -109,7 +113,7 @@ __device__ __forceinline__ uint32_t deq_u(uint32_t q, int shift) {
     if (Deq<XT>::kSubnormalU4) return (q >> shift) & 0x000f000fu;
     return deq<XT>(q, shift, Deq<XT>::kOne, Deq<XT>::kU4Add);
 }
-// The lower-plane codes (8-bit view): L = stored - 8.
+// The lower-plane nibbles (8-bit view): L = stored - 8.
 template <typename XT> __device__ __forceinline__ uint32_t deq_l(uint32_t q, int shift) {
     return deq<XT>(q, shift, Deq<XT>::kOne, Deq<XT>::kLAdd);
 }
@@ -146,13 +150,13 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], uint32_t a0, u
 // exactly these, in the same order).
 //
 // b[0..3]: the B fragments of the 8 x elements of one word of a lane's 16
-// bytes: elements (2hh, 2hh+4), (2hh+1, 2hh+5) for hh = 0, 1, matching the A
-// fragments that deq_u / deq_l make of a word of codes.
+// bytes: elements (0,1), (2,3), (4,5), (6,7), as they lie in memory (the
+// planes' layout puts the codes in that order, see word_mma).
 __device__ __forceinline__ void x_frags(const uint4 &v, uint32_t (&b)[4]) {
-    b[0] = __byte_perm(v.x, v.z, 0x5410);
-    b[1] = __byte_perm(v.x, v.z, 0x7632);
-    b[2] = __byte_perm(v.y, v.w, 0x5410);
-    b[3] = __byte_perm(v.y, v.w, 0x7632);
+    b[0] = v.x;
+    b[1] = v.y;
+    b[2] = v.z;
+    b[3] = v.w;
 }
 // xs += the sum of the word's x elements (an mma with A = ones).
 template <typename XT> __device__ __forceinline__ void x_sum(float (&xs)[4], const uint32_t (&b)[4]) {
@@ -160,38 +164,68 @@ template <typename XT> __device__ __forceinline__ void x_sum(float (&xs)[4], con
     mma<XT>(xs, one, one, one, one, b[0], b[1]);
     mma<XT>(xs, one, one, one, one, b[2], b[3]);
 }
-// acc[nt] += one word of codes of weight rows g and g+8 (q0, q1; l0, l1 the
-// lower plane in the 8-bit view) times x tile nt's fragments b[nt]: upper
-// codes first, then lower, each in the order hh = 0, 1.
+// The 4-bit view with f16 x: U * 2^-24 and 16U * 2^-24 by masks alone (see
+// deq_u); the 16U products go to a second accumulator, acc16.
+template <typename XT, bool LOWER> constexpr bool kMaskU4 = !LOWER && Deq<XT>::kSubnormalU4;
+
+// acc[nt] (and acc16[nt], kMaskU4 only) += one word of codes of weight rows
+// g and g+8 (q0, q1; l0, l1 the lower plane in the 8-bit view) times x tile
+// nt's fragments b[nt]. In the planes' layout, nibble pairs (n, n+4) of a
+// word hold codes (0,1), (4,5), (2,3), (6,7) for n = 0..3, so the A registers
+// at shifts 0 and 8 go with x pairs (0,1), (2,3) and those at shifts 4 and
+// 12 with (4,5), (6,7). Upper codes first, then lower, each in that order.
 template <typename XT, bool LOWER, int NT>
-__device__ __forceinline__ void word_mma(float (*acc)[4] /*[NT]*/, uint32_t q0, uint32_t q1,
-                                         uint32_t l0, uint32_t l1, const uint32_t (*b)[4] /*[NT]*/) {
+__device__ __forceinline__ void word_mma(float (*acc)[4] /*[NT]*/, float (*acc16)[4] /*[NT]*/,
+                                         uint32_t q0, uint32_t q1, uint32_t l0, uint32_t l1,
+                                         const uint32_t (*b)[4] /*[NT]*/) {
+    if constexpr (kMaskU4<XT, LOWER>) {
+        constexpr uint32_t kLo = 0x000f000fu, kHi = 0x00f000f0u;
+        const uint32_t r0 = q0 >> 8, r1 = q1 >> 8;
+        const uint32_t a0 = q0 & kLo, a1 = q1 & kLo, a2 = r0 & kLo, a3 = r1 & kLo;
+        const uint32_t c0 = q0 & kHi, c1 = q1 & kHi, c2 = r0 & kHi, c3 = r1 & kHi;
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int sh = 8 * hh;
-        const uint32_t a0 = deq_u<XT, LOWER>(q0, sh), a1 = deq_u<XT, LOWER>(q1, sh);
-        const uint32_t a2 = deq_u<XT, LOWER>(q0, sh + 4), a3 = deq_u<XT, LOWER>(q1, sh + 4);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
-    }
-    if (LOWER) {
+        for (int nt = 0; nt < NT; nt++) {
+            mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][0], b[nt][1]);
+            mma<XT>(acc16[nt], c0, c1, c2, c3, b[nt][2], b[nt][3]);
+        }
+    } else {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const int sh = 8 * hh;
-            const uint32_t a0 = deq_l<XT>(l0, sh), a1 = deq_l<XT>(l1, sh);
-            const uint32_t a2 = deq_l<XT>(l0, sh + 4), a3 = deq_l<XT>(l1, sh + 4);
+            const int sh = 4 * hh;
+            const uint32_t a0 = deq_u<XT, LOWER>(q0, sh), a1 = deq_u<XT, LOWER>(q1, sh);
+            const uint32_t a2 = deq_u<XT, LOWER>(q0, sh + 8), a3 = deq_u<XT, LOWER>(q1, sh + 8);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
+            for (int nt = 0; nt < NT; nt++) mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
+        }
+        if (LOWER) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int sh = 4 * hh;
+                const uint32_t a0 = deq_l<XT>(l0, sh), a1 = deq_l<XT>(l1, sh);
+                const uint32_t a2 = deq_l<XT>(l0, sh + 8), a3 = deq_l<XT>(l1, sh + 8);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mma<XT>(acc[nt], a0, a1, a2, a3, b[nt][2 * hh], b[nt][2 * hh + 1]);
+            }
         }
     }
 }
-// A group's contribution: tot[i] += sc * dot + z * sum(x_G) for weight row
-// g + 8*(i/2) (sc[0..1], zc[0..1]) and x row 2t + i%2.
+// A group's dot product from its accumulators (kMaskU4: acc + acc16 / 16,
+// one rounding; 1/16 is exact).
+template <typename XT, bool LOWER>
+__device__ __forceinline__ void group_dot(float (&acc)[4], const float (&acc16)[4]) {
+    if constexpr (kMaskU4<XT, LOWER>) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn(acc16[i], 0.0625f, acc[i]);
+    }
+}
+// A group's contribution: tot[i] += sc * dot, then += z * sum(x_G) (two
+// fmas) for weight row g + 8*(i/2) (sc[0..1], zc[0..1]) and x row 2t + i%2.
 __device__ __forceinline__ void fold_group(float (&tot)[4], const float (&sc)[2], const float (&zc)[2],
                                            const float (&acc)[4], const float (&xs)[4]) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) tot[i] += __fmul_rn(sc[i >> 1], acc[i]) + __fmul_rn(zc[i >> 1], xs[i]);
+    for (int i = 0; i < 4; i++)
+        tot[i] = __fmaf_rn(zc[i >> 1], xs[i], __fmaf_rn(sc[i >> 1], acc[i], tot[i]));
 }
 
 // NOTE: weights are touched once per launch; keep them out of L1 so the
@@ -240,21 +274,22 @@ template <> __device__ __forceinline__ float x_to_f32<__nv_bfloat16>(__nv_bfloat
 // lists its launches' output buffers; p.out names the launch.
 constexpr int kTrL = 32, kTrB = 1024, kTrP = 6;
 __device__ unsigned long long nb_wq_trace_buf[kTrL][kTrB][kWarps][kTrP];
-__device__ const void *nb_wq_trace_outs[kTrL];
-__device__ __forceinline__ int wq_trace_seq(const void *out) {
-    for (int i = 0; i < kTrL; i++)
-        if (nb_wq_trace_outs[i] == out) return i;
-    return -1;
+// Host side: the outputs of the launches to trace (slot = index), matched
+// at launch so that the kernel looks nothing up.
+const void *nb_wq_trace_outs[kTrL];
+__device__ __forceinline__ unsigned long long wq_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
-__device__ __forceinline__ void wq_trace(int seq, int pt) {
-    if ((threadIdx.x & 31) == 0 && seq >= 0 && blockIdx.x < kTrB) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+__device__ __forceinline__ void wq_trace_t(int seq, int pt, unsigned long long t) {
+    if ((threadIdx.x & 31) == 0 && seq >= 0 && blockIdx.x < kTrB)
         nb_wq_trace_buf[seq][blockIdx.x][threadIdx.x >> 5][pt] = t;
-    }
 }
-#define WQ_TRACE_SEQ const int wq_seq = wq_trace_seq(p.out)
-#define WQ_TRACE(pt) wq_trace(wq_seq, pt)
+#define WQ_TRACE_SEQ                               \
+    const unsigned long long wq_t0 = wq_now();     \
+    const int wq_seq = p.trace_seq
+#define WQ_TRACE(pt) wq_trace_t(wq_seq, pt, (pt) == 0 ? wq_t0 : wq_now())
 #else
 #define WQ_TRACE_SEQ ((void)0)
 #define WQ_TRACE(pt) ((void)0)
@@ -357,7 +392,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
         }
 #pragma unroll
         for (int u = 0; u < kGU; u++) {
-            float acc[R][NT][4];
+            float acc[R][NT][4], acc16[R][NT][4];
             float xs[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -365,7 +400,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
                 for (int i = 0; i < 4; i++) {
                     xs[nt][i] = 0.0f;
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[r][nt][i] = 0.0f;
+                    for (int r = 0; r < R; r++) acc[r][nt][i] = acc16[r][nt][i] = 0.0f;
                 }
             }
 #pragma unroll
@@ -378,7 +413,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    word_mma<XT, LOWER, NT>(acc[r], word(qu[u][r][0], w), word(qu[u][r][1], w),
+                    word_mma<XT, LOWER, NT>(acc[r], acc16[r], word(qu[u][r][0], w), word(qu[u][r][1], w),
                                             LOWER ? word(ql[u][r][0], w) : 0u,
                                             LOWER ? word(ql[u][r][1], w) : 0u, b);
             }
@@ -387,7 +422,10 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) fold_group(tot[r][nt], sc[u][r], zc[u][r], acc[r][nt], xs[nt]);
+                for (int nt = 0; nt < NT; nt++) {
+                    group_dot<XT, LOWER>(acc[r][nt], acc16[r][nt]);
+                    fold_group(tot[r][nt], sc[u][r], zc[u][r], acc[r][nt], xs[nt]);
+                }
         }
     }
 
@@ -424,14 +462,16 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 //     every block walks about the same number of 16-row tiles (strided) and
 //     the machine has no half-empty last wave;
 //   - each warp streams its (tile, group) items through an ST-deep cp.async
-//     ring in shared memory (GvStages), issuing item i + ST as it
+//     ring in shared memory (kGvVars), issuing item i + ST as it
 //     finishes item i, across tile boundaries, so loads are always in
 //     flight. Each lane copies its own plane bytes; the four lanes of a quad
 //     copy one scale or zero pair each (read by the whole quad after a
 //     __syncwarp);
 //   - the group sums of x (the zero term) depend only on the group, so each
-//     warp computes its groups' sums once (the same mma as the tile kernel)
-//     into shared memory;
+//     warp computes its groups' sums once (the same mma as the tile kernel),
+//     in the first tile's steps from the x fragments loaded there anyway,
+//     and keeps them in shared memory for its later tiles (a pass of their
+//     own before the first item measured 6.75 vs 5.92 us at 4096x4096);
 //   - the ring's cursor moves by increments (no division per item), and
 //     per-tile pointers are set up once per tile;
 //   - programmatic dependent launch: the ring's first ST items (weights
@@ -478,8 +518,8 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // Grid: see launch_gemv; block: kWarps warps; dynamic shared memory
 // gv_smem_bytes(cw_max). Needs scale and zero 4-byte aligned (they are
 // copied as aligned pairs), k % 128 == 0, 1 <= p.n <= 8.
-template <typename XT, bool LOWER, int ST>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename XT, bool LOWER, int ST, int MINB, int NS>
+__global__ void __launch_bounds__(kThreads, MINB)
     wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
     extern __shared__ __align__(16) unsigned char gv_smem[];
     __shared__ float red[2][kWarps][8][16];
@@ -559,9 +599,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint8_t *xb =
         static_cast<const uint8_t *>(p.x) + (size_t)(xok ? g : 0) * p.k * 2 + t * 64;
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    // b[w][0..3]: the B fragments of x for word w of this lane's 16 bytes;
-    // x elements (2hh, 2hh+4), (2hh+1, 2hh+5) of the 8 in that word, matching
-    // the A fragments.
+    // b[w][0..3]: the B fragments of x for word w of this lane's 16 bytes.
     auto load_b = [&](int grp, uint32_t (&b)[4][4]) {
 #pragma unroll
         for (int w = 0; w < 4; w++)
@@ -569,21 +607,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                         : z4,
                     b[w]);
     };
-    // The group sums, as the tile kernel forms them.
-    for (int j = 0; j < cw; j++) {
-        uint32_t b[4][4];
-        load_b(warp + j * kWarps, b);
-        float xs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int w = 0; w < 4; w++) x_sum<XT>(xs, b[w]);
-        if (g == 0) {
-            xs_s[j * 8 + 2 * t] = xs[0];
-            xs_s[j * 8 + 2 * t + 1] = xs[1];
-        }
-    }
-    __syncwarp();
-    WQ_TRACE(3);
-
     int cs = 0;  // the slot consumed next
     for (int tl = 0; tl < my_tiles; tl++) {
         const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
@@ -598,6 +621,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         // N consecutive items at once (two independent mma chains and one
         // exposed x-load latency per pair); the per-item arithmetic and the
         // order of the tot updates are those of one item at a time.
+        const bool first = tl == 0;
         auto step = [&](auto n_items, int j) {
             constexpr int N = decltype(n_items)::value;
             uint32_t b[N][4][4];
@@ -605,7 +629,23 @@ __global__ void __launch_bounds__(kThreads, 2)
             for (int u = 0; u < N; u++) load_b(warp + (j + u) * kWarps, b[u]);
             cp_wait<ST - N>();
             __syncwarp();  // the scale/zero pairs were copied by other lanes
-            float acc[N][4], sc[N][2], zc[N][2], xs[N][4];
+            float acc[N][4], acc16[N][4], sc[N][2], zc[N][2], xs[N][4];
+            if (first) {
+                // The group sums: the tile kernel's mma, in its order, on the
+                // fragments loaded for the items anyway (no pass of their
+                // own before the first item); kept for the later tiles.
+#pragma unroll
+                for (int u = 0; u < N; u++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) xs[u][i] = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) x_sum<XT>(xs[u], b[u][w]);
+                    if (g == 0 && my_tiles > 1) {
+                        xs_s[(j + u) * 8 + 2 * t] = xs[u][0];
+                        xs_s[(j + u) * 8 + 2 * t + 1] = xs[u][1];
+                    }
+                }
+            }
             uint4 qu[N][2], ql[N][2];
 #pragma unroll
             for (int u = 0; u < N; u++) {
@@ -618,33 +658,40 @@ __global__ void __launch_bounds__(kThreads, 2)
                         ql[u][h] = *reinterpret_cast<const uint4 *>(s + L::kL + (h * 32 + lane) * 16);
                 }
                 const uint4 szw = *reinterpret_cast<const uint4 *>(s + L::kSZ + g * 16);
-                const float2 xsv = *reinterpret_cast<const float2 *>(xs_s + (j + u) * 8 + 2 * t);
-                xs[u][0] = xs[u][2] = xsv.x;
-                xs[u][1] = xs[u][3] = xsv.y;
+                if (!first) {
+                    const float2 xsv = *reinterpret_cast<const float2 *>(xs_s + (j + u) * 8 + 2 * t);
+                    xs[u][0] = xs[u][2] = xsv.x;
+                    xs[u][1] = xs[u][3] = xsv.y;
+                }
                 sc[u][0] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.x >> sh[0])));
                 sc[u][1] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.y >> sh[1])));
                 zc[u][0] = f16_bits_to_f32((uint16_t)(szw.z >> sh[0]));
                 zc[u][1] = f16_bits_to_f32((uint16_t)(szw.w >> sh[1]));
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[u][i] = 0.0f;
+                for (int i = 0; i < 4; i++) acc[u][i] = acc16[u][i] = 0.0f;
             }
 #pragma unroll
             for (int w = 0; w < 4; w++)
 #pragma unroll
                 for (int u = 0; u < N; u++)
-                    word_mma<XT, LOWER, 1>(&acc[u], word(qu[u][0], w), word(qu[u][1], w),
+                    word_mma<XT, LOWER, 1>(&acc[u], &acc16[u], word(qu[u][0], w), word(qu[u][1], w),
                                            LOWER ? word(ql[u][0], w) : 0u,
                                            LOWER ? word(ql[u][1], w) : 0u, &b[u][w]);
 #pragma unroll
-            for (int u = 0; u < N; u++) fold_group(tot, sc[u], zc[u], acc[u], xs[u]);
+            for (int u = 0; u < N; u++) {
+                group_dot<XT, LOWER>(acc[u], acc16[u]);
+                fold_group(tot, sc[u], zc[u], acc[u], xs[u]);
+            }
             __syncwarp();  // every lane has read the slots before they are refilled
 #pragma unroll
             for (int u = 0; u < N; u++) issue();
             cs = cs + N < ST ? cs + N : cs + N - ST;
+            if (first && j == 0) WQ_TRACE(3);  // the first items and group sums done
         };
         int j = 0;
-        for (; j + 2 <= cw; j += 2) step(std::integral_constant<int, 2>{}, j);
-        if (j < cw) step(std::integral_constant<int, 1>{}, j);
+        if constexpr (NS >= 2)
+            for (; j + 2 <= cw; j += 2) step(std::integral_constant<int, 2>{}, j);
+        for (; j < cw; j++) step(std::integral_constant<int, 1>{}, j);
         WQ_TRACE(4);
         // tot[i]: weight row g + 8*(i/2) of the tile, x row 2t + i%2.
         float (*rb)[8][16] = red[tl & 1];
@@ -670,6 +717,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     WQ_TRACE(5);
 }
 
+// Code of element e of a plane row in the CUDA layout: element 8w + i is
+// nibble rev3(i) of (little-endian) word w.
+__device__ __forceinline__ int plane_code(const uint8_t *row, int e) {
+    const int i = e & 7, n = ((i & 1) << 2) | (i & 2) | (i >> 2);
+    return (row[(e >> 3) * 4 + (n >> 1)] >> ((n & 1) * 4)) & 15;
+}
+
 // Any supported k (group size gs = 32..128): one thread per output, the same
 // per-group algebra, sequential sums. For the small-k shapes only.
 template <typename XT>
@@ -685,8 +739,8 @@ __global__ void wq_simple_kernel(const WqParams p, int gs, int use_lower) {
     for (int gi = 0; gi < ng; gi++) {
         float d = 0.0f, xs = 0.0f;
         for (int e = gi * gs; e < (gi + 1) * gs; e++) {
-            int c = (up[e >> 1] >> ((e & 1) * 4)) & 15;
-            if (lo) c = 16 * c + ((lo[e >> 1] >> ((e & 1) * 4)) & 15) - 8;
+            int c = plane_code(up, e);
+            if (lo) c = 16 * c + plane_code(lo, e) - 8;
             const float xv = x_to_f32<XT>(xr[e]);
             d += __fmul_rn(xv, (float)c);
             xs += xv;
@@ -711,9 +765,11 @@ __global__ void wq_dequant_kernel(OT *out, const uint8_t *upper, const uint8_t *
     if (b >= (size_t)m * k / 2) return;
     const size_t j = b / (k / 2);
     const int ng = k / gs;
+    const int bb = (int)(b % (k / 2));  // byte bb % 4 of word bb / 4 of the row
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int e = (int)(b % (k / 2)) * 2 + h;
+        const int n = (bb & 3) * 2 + h;  // the nibble; it holds element rev3(n) of the word
+        const int e = (bb >> 2) * 8 + (((n & 1) << 2) | (n & 2) | (n >> 2));
         const size_t gi = j * ng + e / gs;
         const float s = f16_bits_to_f32(scale[gi]), z = f16_bits_to_f32(zero[gi]);
         int c = (upper[b] >> (4 * h)) & 15;
@@ -756,39 +812,51 @@ bool pdl_on() {
     return g_pdl != 0;
 }
 
-// Ring depth of the decode kernel: 8 items of 1 KB per warp for the 4-bit
-// view (two 16-row tiles of a k = 4096 matrix in flight per block; 2 blocks
-// per SM), 4 items of 2 KB for the 8-bit view (the same bytes). Measured on
-// an H100 against 4 and 6 for the 4-bit view (docs/benchmarks.md).
-template <bool LOWER> struct GvStages {
-    static constexpr int kValue = LOWER ? 4 : 8;
+// The decode kernel's variants: ring depth in items (the 8-bit view always
+// 4 items of 2 KB), blocks per SM the registers are budgeted for (launch
+// bounds), items per step. Same bits for every variant (the same per-item
+// arithmetic in the same order). Variant 0 is the built-in choice (8, 2, 2;
+// on an H100 no other was faster by more than noise at any Llama shape, n =
+// 1 and 4, and most were 5-30% slower; deeper register budgets (4 blocks of
+// 64 registers) spill: docs/benchmarks.md, session 17); the others are for
+// the benchmark's sweep (nb_cuda_matmul_wq_set_gemv_variant), f16 4-bit only.
+struct GvVar {
+    int st, minb, ns;
 };
+constexpr GvVar kGvVars[] = {{8, 2, 2}, {8, 2, 1}, {6, 3, 1}};
+constexpr int kGvNVar = (int)(sizeof kGvVars / sizeof kGvVars[0]);
+int g_gemv_var = 0;
 
-// Resident blocks per SM of one decode-kernel instantiation on the current
-// device, for the dynamic shared memory of a size class (the group sums'
-// area grows with k; classes are powers of two of groups per warp, 4 to
-// 256), and the SM count; computed once per device and class. Returns 0 and
-// sets *err on a CUDA error.
-template <typename XT, bool LOWER>
-int gemv_per_sm(int cls, size_t smem, int *sms_out, cudaError_t *err) {
+template <typename XT, bool LOWER, int V>
+constexpr auto gv_fn() {
+    return wq_gemv_kernel<XT, LOWER, LOWER ? 4 : kGvVars[V].st, kGvVars[V].minb,
+                          kGvVars[V].ns>;
+}
+
+// Resident blocks per SM of one decode-kernel instantiation (fn, numbered
+// id < kGvIds) on the current device, for the dynamic shared memory of a
+// size class (the group sums' area grows with k; classes are powers of two
+// of groups per warp, 4 to 256), and the SM count; computed once per
+// device, kernel and class. Returns 0 and sets *err on a CUDA error.
+constexpr int kGvIds = 4 * kGvNVar;
+int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, int *sms_out,
+                cudaError_t *err) {
     constexpr int kMaxDev = 64, kClasses = 7;
-    static int cached[kMaxDev][kClasses], cached_sms[kMaxDev];
+    static int cached[kMaxDev][kGvIds][kClasses], cached_sms[kMaxDev];
     int dev = 0;
     *err = cudaGetDevice(&dev);
     if (*err != cudaSuccess) return 0;
-    const bool slot = dev >= 0 && dev < kMaxDev && cls >= 0 && cls < kClasses;
-    if (slot && cached[dev][cls] > 0) {
+    const bool slot = dev >= 0 && dev < kMaxDev && cls >= 0 && cls < kClasses && id >= 0 &&
+                      id < kGvIds;
+    if (slot && cached[dev][id][cls] > 0) {
         *sms_out = cached_sms[dev];
-        return cached[dev][cls];
+        return cached[dev][id][cls];
     }
-    constexpr int ST = GvStages<LOWER>::kValue;
-    const void *fn = reinterpret_cast<const void *>(wq_gemv_kernel<XT, LOWER, ST>);
     // NOTE: the limit is raised to the largest class's size, never to this
     // call's: it is one attribute per function, so setting it per class
     // would lower it under a larger class already cached (its launches would
     // then fail).
-    *err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)gv_smem_bytes<LOWER, ST>(4 << (kClasses - 1)));
+    *err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem);
     int per_sm = 0, sms = 0;
     if (*err == cudaSuccess)
         *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem);
@@ -797,15 +865,17 @@ int gemv_per_sm(int cls, size_t smem, int *sms_out, cudaError_t *err) {
     if (per_sm < 1) per_sm = 1;
     if (sms < 1) sms = 1;
     if (slot) {
-        cached[dev][cls] = per_sm;
+        cached[dev][id][cls] = per_sm;
         cached_sms[dev] = sms;
     }
     *sms_out = sms;
     return per_sm;
 }
 
-template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
-    constexpr int ST = GvStages<LOWER>::kValue;
+template <typename XT, bool LOWER, int V>
+cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
+    constexpr int ST = LOWER ? 4 : kGvVars[V].st;
+    constexpr int kClasses = 7;
     const int ng = p.k / kGroup;
     int cw_max = 4, cls = 0;  // the size class: cw_max rounded up to 4 * 2^cls
     while (cw_max < (ng + kWarps - 1) / kWarps) {
@@ -813,9 +883,13 @@ template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cu
         cls++;
     }
     const size_t smem = gv_smem_bytes<LOWER, ST>(cw_max);
+    constexpr auto kern = gv_fn<XT, LOWER, V>();
+    const void *fn = reinterpret_cast<const void *>(kern);
+    const int id = V * 4 + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
     cudaError_t err;
     int sms = 1;
-    const int per_sm = gemv_per_sm<XT, LOWER>(cls, smem, &sms, &err);
+    const int per_sm = gemv_per_sm(fn, id, gv_smem_bytes<LOWER, ST>(4 << (kClasses - 1)), cls,
+                                   smem, &sms, &err);
     if (err != cudaSuccess) return err;
     // NOTE: every resident slot (2 blocks per SM). One per SM leaves the
     // other for the next launch's blocks to start their weight stream early
@@ -836,7 +910,19 @@ template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cu
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl_on() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, wq_gemv_kernel<XT, LOWER, ST>, p, ntiles, cw_max);
+    return cudaLaunchKernelEx(&cfg, kern, p, ntiles, cw_max);
+}
+
+template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+    if constexpr (!LOWER && std::is_same<XT, __half>::value) {
+        switch (g_gemv_var) {
+        case 1: return launch_gemv_v<XT, LOWER, 1>(p, stream);
+        case 2: return launch_gemv_v<XT, LOWER, 2>(p, stream);
+
+        default: break;
+        }
+    }
+    return launch_gemv_v<XT, LOWER, 0>(p, stream);
 }
 
 template <typename XT, int NT, int R, bool LOWER>
@@ -887,7 +973,27 @@ extern "C" void nb_cuda_matmul_wq_set_pdl(int on) { g_pdl = on < 0 ? -1 : on != 
 
 extern "C" void nb_cuda_matmul_wq_set_decode_kernel(int on) { g_gemv = on < 0 ? -1 : on != 0; }
 
+extern "C" nb_status nb_cuda_wq_pack_plane(uint8_t *plane, size_t bytes) {
+    if ((bytes & 3u) || (bytes && !plane)) return NB_ERR_INVALID_ARG;
+    for (size_t o = 0; o < bytes; o += 4) {
+        const uint32_t q = (uint32_t)plane[o] | (uint32_t)plane[o + 1] << 8 |
+                           (uint32_t)plane[o + 2] << 16 | (uint32_t)plane[o + 3] << 24;
+        // Nibbles 0, 2, 5, 7 stay; 1 <-> 4 and 3 <-> 6 trade places.
+        const uint32_t r = (q & 0xf0f00f0fu) | ((q & 0x0000f0f0u) << 12) | ((q >> 12) & 0x0000f0f0u);
+        plane[o] = (uint8_t)r;
+        plane[o + 1] = (uint8_t)(r >> 8);
+        plane[o + 2] = (uint8_t)(r >> 16);
+        plane[o + 3] = (uint8_t)(r >> 24);
+    }
+    return NB_OK;
+}
+
 extern "C" void nb_cuda_matmul_wq_set_blocks_per_sm(int bps) { g_gemv_bps = bps > 0 ? bps : 0; }
+
+extern "C" int nb_cuda_matmul_wq_set_gemv_variant(int v) {
+    g_gemv_var = v >= 0 && v < kGvNVar ? v : 0;
+    return kGvNVar;
+}
 
 extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x, nb_dtype x_dt,
                                        const nb_wq_tensor *w, int use_lower, const void *bias,
@@ -915,6 +1021,11 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     p.n = n;
     p.m = m;
     p.k = k;
+    p.trace_seq = -1;
+#ifdef NB_WQ_TRACE
+    for (int i = 0; i < kTrL; i++)
+        if (nb_wq_trace_outs[i] == out) p.trace_seq = i;
+#endif
     const bool fast = gs == kGroup && aligned16(x) && aligned16(w->upper) &&
                       (!use_lower || aligned16(w->lower));
     const bool sz_pairs = ((uintptr_t)w->scale & 3u) == 0 && ((uintptr_t)w->zero & 3u) == 0;
@@ -936,10 +1047,14 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     if (fast) {
         const int nt = n <= 8 ? 1 : 2;
         // NOTE: 32-row blocks halve the activation traffic per weight byte
-        // but halve the block count; on an H100 they lost at every measured
-        // shape and n (9-16 rows: 4096x4096 4-bit 10.2 vs 8.7 us, 14336x4096
-        // 34.1 vs 27.8 us; docs/benchmarks.md), so 16 rows unless forced.
-        int r = 1;
+        // but halve the block count. The 8-bit view keeps 16 rows (n = 16 on
+        // an H100: 14336x4096 45.5 vs 54.3 us, no gain elsewhere); the 4-bit
+        // view with f16 x, whose second accumulator set (kMaskU4) costs
+        // registers and so resident blocks, takes 32 (n = 16: 4096x4096 9.7
+        // vs 11.3 us, 4096x14336 27.6 vs 34.0; docs/benchmarks.md, session
+        // 17). The choice depends on n > 8 and the view only, and 16- and
+        // 32-row tiles compute a row the same way.
+        int r = !use_lower && x_dt == NB_DTYPE_F16 && nt == 2 ? 2 : 1;
         if (g_tile_rows) r = g_tile_rows / 16;
         if (x_dt == NB_DTYPE_F16)
             launch_mma_x<__half>(p, use_lower != 0, nt, r, stream);

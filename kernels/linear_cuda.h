@@ -35,6 +35,19 @@ extern "C" {
 #include "nb_status.h"
 #include "wquant.h"
 
+// The CUDA layout of a weight plane: the wquant.h plane ([m][k/2] bytes,
+// element e of a row in byte e/2, low nibble first) with the nibbles of each
+// 4-byte little-endian word reordered so that nibble n holds element rev3(n)
+// of the word's 8 (rev3 reverses 3 bits: 0,4,2,6,1,5,3,7), which lets the
+// kernels turn codes into tensor-core operands in the order x lies in
+// memory (linear_cuda.cu). Every plane passed to the functions below
+// (upper and lower) is in this layout; scales and zeros are as in wquant.h.
+// nb_cuda_wq_pack_plane converts a host plane in place, and since the
+// reorder is its own inverse the same call converts back. bytes must be a
+// multiple of 4 (every supported k gives one). Returns NB_OK or
+// NB_ERR_INVALID_ARG.
+nb_status nb_cuda_wq_pack_plane(uint8_t *plane /*[bytes] host*/, size_t bytes);
+
 // Workspace bytes nb_cuda_matmul_wq needs for these sizes (currently 0 for
 // every shape; callers pass what this returns so a later split-k version
 // can use it without an API change).
@@ -68,7 +81,7 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 // launch failed: cudaGetLastError is left set for the caller to report).
 nb_status nb_cuda_matmul_wq(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
                             const void *x /*[n][k] x_dt (f16/bf16)*/, nb_dtype x_dt,
-                            const nb_wq_tensor *w /*[m][k] device planes, scales, zeros*/,
+                            const nb_wq_tensor *w /*[m][k] device: CUDA-layout planes, scales, zeros*/,
                             int use_lower, const void *bias /*[m] bias_dt, or NULL*/,
                             nb_dtype bias_dt, int n, int m, int k, void *workspace,
                             size_t workspace_bytes, cudaStream_t stream);
@@ -97,11 +110,18 @@ void nb_cuda_matmul_wq_set_decode_kernel(int on);
 // benchmarks and tests; not thread safe.
 void nb_cuda_matmul_wq_set_blocks_per_sm(int bps);
 
+// The decode kernel's variant for f16 activations and the 4-bit view (ring
+// depth, register budget, items per step; see kGvVars in linear_cuda.cu): 0
+// (the built-in choice) to count - 1; out of range means 0. Returns the
+// count. Same bits for every variant. For benchmarks and tests; not thread
+// safe.
+int nb_cuda_matmul_wq_set_gemv_variant(int v);
+
 // out[j][t] = the chosen view of W (as nb_wq_dequantize: U*s + z, or
 // C8*(s/16) + z, in f32) rounded to dt (f16 or bf16), for the prefill path.
 // Returns NB_OK, NB_ERR_INVALID_ARG, NB_ERR_BACKEND.
 nb_status nb_cuda_wq_dequantize(void *out /*[m][k] dt*/, nb_dtype dt,
-                                const nb_wq_tensor *w /*[m][k] device*/, int use_lower, int m,
+                                const nb_wq_tensor *w /*[m][k] device, CUDA-layout planes*/, int use_lower, int m,
                                 int k, cudaStream_t stream);
 
 // out[i][j] = dot(x[i], w[j]) + bias[j] through cublasGemmEx with f32

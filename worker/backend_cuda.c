@@ -343,7 +343,11 @@ static nb_status lin_init(cuda_backend *be, dlin *L, const nb_tensor_view *w,
         nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w->name, nb_status_str(st));
         return st;
     }
-    st = h2d(be, dev, h, bytes, err, err_len);
+    // The kernels read the planes in their own nibble order (linear_cuda.h).
+    st = nb_cuda_wq_pack_plane(h, plane);
+    if (st == NB_OK && int8) st = nb_cuda_wq_pack_plane(h + plane, plane);
+    if (st == NB_OK) st = h2d(be, dev, h, bytes, err, err_len);
+    else nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w->name, nb_status_str(st));
     free(h);
     return st;
 }

@@ -155,8 +155,15 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     nb_ref_matmul_wq(S[1], xabs, &hwa, 1, babs, NB_DTYPE_F32, nmax, m, k);
     nb_ref_matmul(S[2], xabs, wabs, NB_DTYPE_F32, babs, NB_DTYPE_F32, nmax, m, k);
 
-    // Device copies.
-    uint8_t *d_up = (uint8_t *)dev_upload(up, pb), *d_lo = (uint8_t *)dev_upload(lo, pb);
+    // Device copies (planes in the CUDA layout).
+    uint8_t *upk = (uint8_t *)malloc(pb), *lok = (uint8_t *)malloc(pb);
+    memcpy(upk, up, pb);
+    memcpy(lok, lo, pb);
+    CHECK(nb_cuda_wq_pack_plane(upk, pb) == NB_OK);
+    CHECK(nb_cuda_wq_pack_plane(lok, pb) == NB_OK);
+    uint8_t *d_up = (uint8_t *)dev_upload(upk, pb), *d_lo = (uint8_t *)dev_upload(lok, pb);
+    free(upk);
+    free(lok);
     uint16_t *d_sc = (uint16_t *)dev_upload(sc, ngt * 2);
     uint16_t *d_zr = (uint16_t *)dev_upload(zr, ngt * 2);
     void *d_w = dev_upload(w, mk * es), *d_x = dev_upload(x, nk * es);
@@ -277,6 +284,41 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
             }
         }
         nb_cuda_matmul_wq_set_pdl(-1);
+        // Every variant of the decode kernel (f16: ring depth, register
+        // budget, items per step) and grid size gives the 4-bit rows the
+        // same bits as variant 0 alone.
+        if (dt == NB_DTYPE_F16) {
+            nb_cuda_matmul_wq_set_pdl(0);
+            CUDA_OK(cudaMemset(d_out, 0xff, nb * rowb));
+            for (int i = 0; i < nb; i++)
+                CHECK(nb_cuda_matmul_wq((char *)d_out + i * rowb, NB_DTYPE_F32,
+                                        (const char *)d_x + (size_t)i * k * es, dt, &dw4, 0,
+                                        d_bias, bdt, 1, m, k, NULL, 0, 0) == NB_OK);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(alone, d_out, nb * rowb, cudaMemcpyDeviceToHost));
+            nb_cuda_matmul_wq_set_pdl(-1);
+            const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
+            for (int v = 1; v < nv; v++) {
+                nb_cuda_matmul_wq_set_gemv_variant(v);
+                for (int bps = 0; bps < 4; bps++) {
+                    nb_cuda_matmul_wq_set_blocks_per_sm(bps);
+                    const int vns[] = {1, 5, 8};
+                    for (int vi = 0; vi < 3; vi++) {
+                        const int n = vns[vi] < nb ? vns[vi] : nb;
+                        CUDA_OK(cudaMemset(d_out, 0xff, n * rowb));
+                        CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dw4, 0, d_bias,
+                                                bdt, n, m, k, NULL, 0, 0) == NB_OK);
+                        CUDA_OK(cudaDeviceSynchronize());
+                        CUDA_OK(cudaMemcpy(got, d_out, n * rowb, cudaMemcpyDeviceToHost));
+                        CHECKF(memcmp(got, alone, n * rowb) == 0,
+                               "wq4 f16 m=%d k=%d: decode variant %d (grid %d/SM) n=%d differs "
+                               "from variant 0", m, k, v, bps, n);
+                    }
+                }
+            }
+            nb_cuda_matmul_wq_set_gemv_variant(0);
+            nb_cuda_matmul_wq_set_blocks_per_sm(0);
+        }
         free(alone);
         free(got);
     }
@@ -345,6 +387,52 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
         free(res[0]);
         free(res[1]);
     }
+    // The same hazard for every f16 decode-kernel variant (4-bit view; the
+    // variants with room for more resident blocks than the grid is sized
+    // for put the next launch's blocks beside this one's): a 4-call chain
+    // with PDL against variant 0's chain without. Four calls keep f16 finite.
+    if (m == k && m >= 4096 && dt == NB_DTYPE_F16) {
+        const int n = 4, steps = 4;
+        const size_t bb = (size_t)n * k * es;
+        void *buf[2];
+        CUDA_OK(cudaMalloc(&buf[0], bb));
+        CUDA_OK(cudaMalloc(&buf[1], bb));
+        cudaStream_t cs;
+        CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+        uint16_t *res[2] = {(uint16_t *)malloc(bb), (uint16_t *)malloc(bb)};
+        const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
+        for (int run = 0; run < 1 + 2 * nv; run++) {
+            const int v = run == 0 ? 0 : (run - 1) / 2, bps = run == 0 ? 0 : ((run - 1) & 1) * 2;
+            nb_cuda_matmul_wq_set_pdl(run > 0);
+            nb_cuda_matmul_wq_set_gemv_variant(v);
+            nb_cuda_matmul_wq_set_blocks_per_sm(bps);
+            CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
+            CUDA_OK(cudaMemset(buf[1], 0xff, bb));
+            for (int step = 0; step < steps; step++)
+                CHECK(nb_cuda_matmul_wq(buf[(step + 1) & 1], dt, buf[step & 1], dt, &dw4, 0, NULL,
+                                        bdt, n, m, k, NULL, 0, cs) == NB_OK);
+            CUDA_OK(cudaStreamSynchronize(cs));
+            CUDA_OK(cudaMemcpy(res[run > 0], buf[0], bb, cudaMemcpyDeviceToHost));
+            if (run == 0) {
+                size_t fin = 0;
+                for (size_t e = 0; e < (size_t)n * k; e++) fin += (res[0][e] & 0x7c00) != 0x7c00;
+                CHECKF(fin == (size_t)n * k, "wq4 f16 chain: %zu of %zu values not finite",
+                       (size_t)n * k - fin, (size_t)n * k);
+            } else {
+                CHECKF(memcmp(res[0], res[1], bb) == 0,
+                       "wq4 f16 m=%d k=%d: a %d-call chain with PDL, variant %d, grid %d/SM, "
+                       "differs from variant 0's chain without", m, k, steps, v, bps);
+            }
+        }
+        nb_cuda_matmul_wq_set_pdl(-1);
+        nb_cuda_matmul_wq_set_gemv_variant(0);
+        nb_cuda_matmul_wq_set_blocks_per_sm(0);
+        CUDA_OK(cudaStreamDestroy(cs));
+        cudaFree(buf[0]);
+        cudaFree(buf[1]);
+        free(res[0]);
+        free(res[1]);
+    }
 
     // Dequantize: bit for bit against the C twin rounded to dt.
     for (int view = 0; view < 2; view++) {
@@ -403,11 +491,35 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     free(babs);
 }
 
+// The CUDA plane layout (host code, checked with or without a GPU): codes
+// 0..7 of a word land in nibbles rev3(n); the reorder is its own inverse.
+static void check_pack(void) {
+    uint8_t wd[8] = {0x10, 0x32, 0x54, 0x76, 0xef, 0xcd, 0xab, 0x89};
+    CHECK(nb_cuda_wq_pack_plane(wd, sizeof wd) == NB_OK);
+    // Nibbles n = 0..7 hold elements 0,4,2,6,1,5,3,7 (element i's code is i
+    // in the first word, 15 - i in the second).
+    CHECKF(wd[0] == 0x40 && wd[1] == 0x62 && wd[2] == 0x51 && wd[3] == 0x73,
+           "pack: word 0 is %02x %02x %02x %02x", wd[0], wd[1], wd[2], wd[3]);
+    CHECKF(wd[4] == 0xbf && wd[5] == 0x9d && wd[6] == 0xae && wd[7] == 0x8c,
+           "pack: word 1 is %02x %02x %02x %02x", wd[4], wd[5], wd[6], wd[7]);
+    uint8_t r[64], c[64];
+    for (int i = 0; i < 64; i++) r[i] = c[i] = (uint8_t)(urand() * 256.0);
+    CHECK(nb_cuda_wq_pack_plane(c, sizeof c) == NB_OK);
+    CHECK(memcmp(c, r, sizeof c) != 0);
+    CHECK(nb_cuda_wq_pack_plane(c, sizeof c) == NB_OK);
+    CHECK(memcmp(c, r, sizeof c) == 0);
+    CHECK(nb_cuda_wq_pack_plane(c, 6) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_wq_pack_plane(NULL, 4) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_wq_pack_plane(NULL, 0) == NB_OK);
+}
+
 int main(void) {
+    check_pack();
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
-        printf("test_linear_cuda: SKIP: no CUDA device (%s)\n",
+        if (nb_test_failures) return nb_test_finish("test_linear_cuda");
+        printf("test_linear_cuda: SKIP: no CUDA device (%s); the plane layout checks passed\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
         return NB_TEST_SKIP;
     }
