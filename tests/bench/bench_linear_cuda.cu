@@ -10,9 +10,11 @@
 // timed replays (CUDA events) give the median time per launch. Inputs are
 // random, never zeros. Speed is reported, never asserted.
 //
-// Usage: bench_linear_cuda [--quick | --only M K N]
+// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep]
 //   --quick: one shape, n = 1, for CI; --only: that one configuration (for
-//   profilers).
+//   profilers); --gemv-sweep: only the decode kernel's variants and grid
+//   sizes (nb_cuda_matmul_wq_set_gemv_variant, _set_blocks_per_sm) at
+//   n = 1 and 4, against cuBLAS fp16.
 // Exits 77 when no CUDA device is present.
 #include <stdint.h>
 #include <stdio.h>
@@ -121,6 +123,11 @@ int main(int argc, char **argv) {
     const int only = argc > 4 && strcmp(argv[1], "--only") == 0;
     const int only_m = only ? atoi(argv[2]) : 0, only_k = only ? atoi(argv[3]) : 0;
     const int only_n = only ? atoi(argv[4]) : 0;
+    const int gsweep = argc > 1 && strcmp(argv[1], "--gemv-sweep") == 0;
+    if (argc > 1 && !quick && !only && !gsweep) {
+        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep]\n");
+        return 2;
+    }
     if (only && (only_m <= 0 || only_k <= 0 || only_k % NB_WQ_GROUP || only_n < 1 || only_n > 16)) {
         fprintf(stderr, "bench_linear_cuda: --only M K N needs M > 0, K %% %d == 0, 1 <= N <= 16\n",
                 NB_WQ_GROUP);
@@ -163,7 +170,7 @@ int main(int argc, char **argv) {
     int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
     const char *names[3] = {"q/o 4096x4096", "gate/up 14336x4096", "down 4096x14336"};
     int batches[3] = {1, 4, 16};
-    int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : 3;
+    int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : gsweep ? 2 : 3;
     const int reps = quick ? 3 : 15;
     if (only) {
         shapes[0][0] = only_m;
@@ -174,6 +181,9 @@ int main(int argc, char **argv) {
     }
     const char *path_names[3] = {"wq 4-bit", "wq 8-bit (hier.)", "cuBLAS fp16"};
 
+    if (gsweep)
+        printf("| shape (m x k)      |  n | path             | v |  all/SM  |     1/SM |     2/SM "
+               "|     3/SM | vs fp16 |\n|---|---|---|---|---|---|---|---|---|\n");
     char table[64][200];
     int rows = 0;
     char sweep[64][160];
@@ -213,7 +223,31 @@ int main(int argc, char **argv) {
         fill(x, (size_t)16 * k, 1, 600 + si);
         CUDA_OK(cudaDeviceSynchronize());
 
-        for (int bi = 0; bi < n_batches; bi++) {
+        for (int bi = 0; gsweep && bi < n_batches; bi++) {
+            const int n = batches[bi];
+            bench_ctx c = {m, k, n, cd, wq, w16, x, out, cb, 2};
+            const double t_fp16 = time_path(&c, s, reps);
+            for (int path = 0; path < 2; path++) {
+                c.path = path;
+                c.copies = cq;
+                const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
+                for (int v = 0; v < (path == 0 ? nv : 2); v++) {
+                    nb_cuda_matmul_wq_set_gemv_variant(v);
+                    double t[4];
+                    for (int b = 0; b < 4; b++) {
+                        nb_cuda_matmul_wq_set_blocks_per_sm(b);
+                        t[b] = time_path(&c, s, reps);
+                    }
+                    nb_cuda_matmul_wq_set_blocks_per_sm(0);
+                    printf("| %-18s | %2d | %-16s | %d | %8.2f | %8.2f | %8.2f | %8.2f | %5.2fx |\n",
+                           names[si], n, path_names[path], v, t[0], t[1], t[2], t[3],
+                           t_fp16 / t[0]);
+                }
+                nb_cuda_matmul_wq_set_gemv_variant(0);
+            }
+            printf("| %-18s | %2d | cuBLAS fp16      | - | %8.2f |\n", names[si], n, t_fp16);
+        }
+        for (int bi = 0; !gsweep && bi < n_batches; bi++) {
             const int n = batches[bi];
             double us[3];
             for (int path = 2; path >= 0; path--) {
@@ -273,6 +307,14 @@ int main(int argc, char **argv) {
         free(w16);
     }
 
+    if (gsweep) {
+        printf("\n(gemv sweep columns: variant, us with the grid sized for all resident "
+               "blocks per SM, 1, 2, 3 per SM; speedup of the first over cuBLAS fp16)\n");
+        cublasDestroy(cb);
+        cudaFree(cb_ws);
+        cudaStreamDestroy(s);
+        return 0;
+    }
     printf("Launch and kernel sweep (us per launch; auto = the built-in choice: the "
            "streaming decode kernel with PDL for n <= 8, the tile kernel above; no PDL = the "
            "same without programmatic dependent launch; tile 16 = the tile kernel with 16-row "

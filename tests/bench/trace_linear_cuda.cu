@@ -9,9 +9,11 @@
 // first block. A diagnostic for the decode kernel's launch overlap, not a
 // benchmark: the hooks cost a timer read and a store per warp and point.
 //
-// Usage: trace_linear_cuda M K N MODE [L]
+// Usage: trace_linear_cuda M K N MODE [L [VARIANT [BPS]]]
 //   MODE: auto (the built-in choice), nopdl, tile (the tile kernel), 1sm
-//   (decode kernel, one block per SM). 4-bit view, f16 x and out.
+//   (decode kernel, one block per SM). 4-bit view, f16 x and out. VARIANT:
+//   the decode kernel's variant (nb_cuda_matmul_wq_set_gemv_variant); BPS:
+//   its grid sized for that many blocks per SM (0: all resident).
 // Points: 0 entry, 1 weights requested (before the wait), 2 after the wait,
 // 3 group sums done, 4 a tile's last item consumed, 5 exit.
 #define NB_WQ_TRACE 1
@@ -24,7 +26,7 @@
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: trace_linear_cuda M K N auto|nopdl|tile|1sm [L]\n");
+        fprintf(stderr, "usage: trace_linear_cuda M K N auto|nopdl|tile|1sm [L [VARIANT [BPS]]]\n");
         return 2;
     }
     const int m = atoi(argv[1]), k = atoi(argv[2]), n = atoi(argv[3]);
@@ -47,6 +49,8 @@ int main(int argc, char **argv) {
     nb_cuda_matmul_wq_set_pdl(strcmp(mode, "nopdl") ? 1 : 0);
     nb_cuda_matmul_wq_set_decode_kernel(strcmp(mode, "tile") ? 1 : 0);
     nb_cuda_matmul_wq_set_blocks_per_sm(strcmp(mode, "1sm") ? 0 : 1);
+    if (argc > 6) nb_cuda_matmul_wq_set_gemv_variant(atoi(argv[6]));
+    if (argc > 7) nb_cuda_matmul_wq_set_blocks_per_sm(atoi(argv[7]));
 
     const size_t plane = (size_t)m * k / 2, ngr = (size_t)m * k / 128;
     const size_t per_copy = plane + 4 * ngr;
@@ -81,6 +85,8 @@ int main(int argc, char **argv) {
     };
     launch(0);
     CUDA_OK(cudaStreamSynchronize(s));
+    // Set before capture: the launches look their slot up on the host.
+    for (int i = 0; i < L; i++) nb_wq_trace_outs[i] = out[i];
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -89,7 +95,6 @@ int main(int argc, char **argv) {
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int r = 0; r < 3; r++) CUDA_OK(cudaGraphLaunch(exec, s));
     CUDA_OK(cudaStreamSynchronize(s));
-    CUDA_OK(cudaMemcpyToSymbol(nb_wq_trace_outs, out.data(), sizeof(void *) * L));
     static unsigned long long host[kTrL][kTrB][kWarps][kTrP];
     memset(host, 0, sizeof host);
     CUDA_OK(cudaMemcpyToSymbol(nb_wq_trace_buf, host, sizeof host));
