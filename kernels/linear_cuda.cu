@@ -49,8 +49,7 @@ struct WqParams {
     const void *x;          // [n][k] XT
     const uint8_t *upper;   // [m][k/2]
     const uint8_t *lower;   // [m][k/2] (8-bit view only)
-    const uint16_t *scale;  // [m][k/g] f16
-    const uint16_t *zero;   // [m][k/g] f16
+    const uint16_t *sz;     // [ceil(m/16)][k/g][8][4] f16 (nb_cuda_wq)
     const void *bias;       // [m] bias_dt or NULL
     int out_dt, bias_dt;
     int n, m, k;
@@ -312,8 +311,8 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 
     const uint8_t *wu[R][2];
     const uint8_t *wl[R][2];
-    const uint16_t *wsc[R][2];
-    const uint16_t *wzr[R][2];
+    const uint2 *wsz[R];  // this lane's (sc(g), sc(g+8)), (z(g), z(g+8)) of each group
+    bool tok[R];
     bool rok[R][2];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -324,9 +323,10 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
             const size_t rr = rok[r][h] ? (size_t)row : 0;
             wu[r][h] = p.upper + rr * rbytes + t * 16;
             wl[r][h] = LOWER ? p.lower + rr * rbytes + t * 16 : nullptr;
-            wsc[r][h] = p.scale + rr * ng;
-            wzr[r][h] = p.zero + rr * ng;
         }
+        const int tile = row0 / 16 + r;
+        tok[r] = tile * 16 < p.m;
+        wsz[r] = reinterpret_cast<const uint2 *>(p.sz + (size_t)(tok[r] ? tile : 0) * ng * 32) + g;
     }
     const uint8_t *xp[NT];
     bool xok[NT];
@@ -371,12 +371,13 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
             const bool gok = grp < ng;
 #pragma unroll
             for (int r = 0; r < R; r++) {
+                const uint2 szv = gok && tok[r] ? __ldg(wsz[r] + (size_t)grp * 8) : make_uint2(0, 0);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const bool ok = gok && rok[r][h];
-                    float s = ok ? f16_bits_to_f32(__ldg(wsc[r][h] + grp)) : 0.0f;
+                    float s = ok ? f16_bits_to_f32((uint16_t)(szv.x >> (16 * h))) : 0.0f;
                     sc[u][r][h] = sc_view<XT, LOWER>(s);
-                    zc[u][r][h] = ok ? f16_bits_to_f32(__ldg(wzr[r][h] + grp)) : 0.0f;
+                    zc[u][r][h] = ok ? f16_bits_to_f32((uint16_t)(szv.y >> (16 * h))) : 0.0f;
                 }
             }
 #pragma unroll
@@ -464,8 +465,8 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 //   - each warp streams its (tile, group) items through an ST-deep cp.async
 //     ring in shared memory (kGvVars), issuing item i + ST as it
 //     finishes item i, across tile boundaries, so loads are always in
-//     flight. Each lane copies its own plane bytes; the four lanes of a quad
-//     copy one scale or zero pair each (read by the whole quad after a
+//     flight. Each lane copies its own plane bytes; lanes 0..3 copy the
+//     item's 64 bytes of scales and zeros (read by every lane after a
 //     __syncwarp);
 //   - the group sums of x (the zero term) depend only on the group, so each
 //     warp computes its groups' sums once (the same mma as the tile kernel),
@@ -483,8 +484,8 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 template <bool LOWER, int ST> struct Gv {
     static constexpr int kU = 0;                    // uint4 [2][32]: upper plane bytes
     static constexpr int kL = 1024;                 // uint4 [2][32]: lower plane bytes
-    static constexpr int kSZ = LOWER ? 2048 : 1024; // uint32 [8 g][4]: sc(g), sc(g+8), z(g), z(g+8) pairs
-    static constexpr int kSlot = kSZ + 128;
+    static constexpr int kSZ = LOWER ? 2048 : 1024; // uint2 [8 g]: (sc(g), sc(g+8)), (z(g), z(g+8))
+    static constexpr int kSlot = kSZ + 64;
     static constexpr int kRing = kSlot * ST * kWarps;  // ring bytes per block
 };
 // Dynamic shared memory of one launch: the ring, then xs[warp][j][8] f32.
@@ -495,15 +496,10 @@ template <bool LOWER, int ST> size_t gv_smem_bytes(int cw_max) {
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
-// 16 (4) bytes global -> shared, or zeros when !ok (nothing is read then).
+// 16 bytes global -> shared, or zeros when !ok (nothing is read then).
 __device__ __forceinline__ void cp16z(uint32_t s, const void *g, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g),
                  "r"(ok ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp4z(uint32_t s, const void *g, bool ok) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(g),
-                 "r"(ok ? 4 : 0)
                  : "memory");
 }
 // NOTE: the "memory" clobbers keep the compiler from moving the ring's
@@ -516,8 +512,8 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 }
 
 // Grid: see launch_gemv; block: kWarps warps; dynamic shared memory
-// gv_smem_bytes(cw_max). Needs scale and zero 4-byte aligned (they are
-// copied as aligned pairs), k % 128 == 0, 1 <= p.n <= 8.
+// gv_smem_bytes(cw_max). Needs sz 16-byte aligned, k % 128 == 0,
+// 1 <= p.n <= 8.
 template <typename XT, bool LOWER, int ST, int MINB, int NS>
 __global__ void __launch_bounds__(kThreads, MINB)
     wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
@@ -541,8 +537,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     // slot pf_s; per-tile bases for this lane's copies.
     int pf_tl = 0, pf_j = 0, pf_s = 0;
     const uint8_t *bu[2] = {nullptr, nullptr}, *bl[2] = {nullptr, nullptr};
-    const uint16_t *bsz = nullptr;  // this lane's scale/zero pair, group `warp`
-    bool okh[2] = {false, false}, oksz = false;
+    const uint16_t *bsz = nullptr;  // lanes 0..3: their 16 bytes of the tile's group `warp` sz
+    bool okh[2] = {false, false};
     auto setup = [&](int tl) {
         const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
 #pragma unroll
@@ -553,11 +549,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
             bu[h] = p.upper + rr * rbytes + (size_t)warp * 64 + t * 16;
             if (LOWER) bl[h] = p.lower + rr * rbytes + (size_t)warp * 64 + t * 16;
         }
-        // Lane t copies the pair holding sc(g), sc(g+8), z(g), z(g+8) for t = 0..3.
-        const int row = tile * 16 + g + 8 * (t & 1);
-        oksz = row < p.m;
-        const size_t e = (oksz ? (size_t)row : 0) * ng + warp;
-        bsz = (t < 2 ? p.scale : p.zero) + (e & ~(size_t)1);
+        // An item's scales and zeros are 64 contiguous bytes; lanes 0..3 copy them.
+        bsz = p.sz + ((size_t)tile * ng + warp) * 32 + (lane & 3) * 8;
     };
     // NOTE: the next kernel (when launched with the PDL attribute) may be
     // scheduled once every warp of every block has either triggered or
@@ -575,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                 cp16z(s + L::kU + (h * 32 + lane) * 16, bu[h] + off, okh[h]);
                 if (LOWER) cp16z(s + L::kL + (h * 32 + lane) * 16, bl[h] + off, okh[h]);
             }
-            cp4z(s + L::kSZ + lane * 4, bsz + (size_t)pf_j * kWarps, oksz);
+            cp16z(s + L::kSZ + (lane & 3) * 16, bsz + (size_t)pf_j * (kWarps * 32), lane < 4);
             pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
             if (++pf_j == cw) {
                 pf_j = 0;
@@ -610,13 +603,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
     int cs = 0;  // the slot consumed next
     for (int tl = 0; tl < my_tiles; tl++) {
         const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
-        // Which half of each copied pair is ours (the pair is aligned down).
-        int sh[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = tile * 16 + g + 8 * h;
-            sh[h] = (int)((((row < p.m ? (size_t)row : 0) * ng + warp) & 1) * 16);
-        }
         float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         // N consecutive items at once (two independent mma chains and one
         // exposed x-load latency per pair); the per-item arithmetic and the
@@ -657,16 +643,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
                     if (LOWER)
                         ql[u][h] = *reinterpret_cast<const uint4 *>(s + L::kL + (h * 32 + lane) * 16);
                 }
-                const uint4 szw = *reinterpret_cast<const uint4 *>(s + L::kSZ + g * 16);
+                const uint2 szw = *reinterpret_cast<const uint2 *>(s + L::kSZ + g * 8);
                 if (!first) {
                     const float2 xsv = *reinterpret_cast<const float2 *>(xs_s + (j + u) * 8 + 2 * t);
                     xs[u][0] = xs[u][2] = xsv.x;
                     xs[u][1] = xs[u][3] = xsv.y;
                 }
-                sc[u][0] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.x >> sh[0])));
-                sc[u][1] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.y >> sh[1])));
-                zc[u][0] = f16_bits_to_f32((uint16_t)(szw.z >> sh[0]));
-                zc[u][1] = f16_bits_to_f32((uint16_t)(szw.w >> sh[1]));
+                sc[u][0] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)szw.x));
+                sc[u][1] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.x >> 16)));
+                zc[u][0] = f16_bits_to_f32((uint16_t)szw.y);
+                zc[u][1] = f16_bits_to_f32((uint16_t)(szw.y >> 16));
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[u][i] = acc16[u][i] = 0.0f;
             }
@@ -724,6 +710,13 @@ __device__ __forceinline__ int plane_code(const uint8_t *row, int e) {
     return (row[(e >> 3) * 4 + (n >> 1)] >> ((n & 1) * 4)) & 15;
 }
 
+// The scale (z = 0) or zero (z = 1) of row j, group gi, in the CUDA sz
+// layout (ng groups per row).
+__device__ __forceinline__ float sz_at(const uint16_t *sz, size_t j, int gi, int ng, int z) {
+    const int rt = (int)(j & 15);
+    return f16_bits_to_f32(sz[((j >> 4) * ng + gi) * 32 + (rt & 7) * 4 + z * 2 + (rt >> 3)]);
+}
+
 // Any supported k (group size gs = 32..128): one thread per output, the same
 // per-group algebra, sequential sums. For the small-k shapes only.
 template <typename XT>
@@ -745,9 +738,9 @@ __global__ void wq_simple_kernel(const WqParams p, int gs, int use_lower) {
             d += __fmul_rn(xv, (float)c);
             xs += xv;
         }
-        float s = f16_bits_to_f32(p.scale[(size_t)j * ng + gi]);
+        float s = sz_at(p.sz, (size_t)j, gi, ng, 0);
         if (use_lower) s *= 0.0625f;
-        const float z = f16_bits_to_f32(p.zero[(size_t)j * ng + gi]);
+        const float z = sz_at(p.sz, (size_t)j, gi, ng, 1);
         tot += __fmul_rn(s, d) + __fmul_rn(z, xs);
     }
     if (p.bias) tot += load_any(p.bias, p.bias_dt, j);
@@ -759,8 +752,7 @@ __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bf
 
 template <typename OT>
 __global__ void wq_dequant_kernel(OT *out, const uint8_t *upper, const uint8_t *lower,
-                                  const uint16_t *scale, const uint16_t *zero, int m, int k,
-                                  int gs) {
+                                  const uint16_t *sz, int m, int k, int gs) {
     const size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // byte index
     if (b >= (size_t)m * k / 2) return;
     const size_t j = b / (k / 2);
@@ -770,8 +762,7 @@ __global__ void wq_dequant_kernel(OT *out, const uint8_t *upper, const uint8_t *
     for (int h = 0; h < 2; h++) {
         const int n = (bb & 3) * 2 + h;  // the nibble; it holds element rev3(n) of the word
         const int e = (bb >> 2) * 8 + (((n & 1) << 2) | (n & 2) | (n >> 2));
-        const size_t gi = j * ng + e / gs;
-        const float s = f16_bits_to_f32(scale[gi]), z = f16_bits_to_f32(zero[gi]);
+        const float s = sz_at(sz, j, e / gs, ng, 0), z = sz_at(sz, j, e / gs, ng, 1);
         int c = (upper[b] >> (4 * h)) & 15;
         float v;
         if (lower) {
@@ -988,6 +979,31 @@ extern "C" nb_status nb_cuda_wq_pack_plane(uint8_t *plane, size_t bytes) {
     return NB_OK;
 }
 
+extern "C" size_t nb_cuda_wq_sz_elems(int m, int k) {
+    const int gs = nb_wq_group_size(k);
+    if (m < 0 || gs == 0) return 0;
+    return (size_t)((m + 15) / 16) * (size_t)(k / gs) * 32;
+}
+
+extern "C" nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale, const uint16_t *zero,
+                                        int m, int k) {
+    const int gs = nb_wq_group_size(k);
+    if (m < 0 || gs == 0 || (m > 0 && (!sz || !scale || !zero))) return NB_ERR_INVALID_ARG;
+    const int ng = k / gs, tiles = (m + 15) / 16;
+    for (int tl = 0; tl < tiles; tl++)
+        for (int gi = 0; gi < ng; gi++) {
+            uint16_t *c = sz + ((size_t)tl * ng + gi) * 32;
+            for (int rt = 0; rt < 16; rt++) {
+                const int j = tl * 16 + rt;
+                const size_t e = (size_t)j * ng + gi;
+                const int o = (rt & 7) * 4 + (rt >> 3);
+                c[o] = j < m ? scale[e] : 0;
+                c[o + 2] = j < m ? zero[e] : 0;
+            }
+        }
+    return NB_OK;
+}
+
 extern "C" void nb_cuda_matmul_wq_set_blocks_per_sm(int bps) { g_gemv_bps = bps > 0 ? bps : 0; }
 
 extern "C" int nb_cuda_matmul_wq_set_gemv_variant(int v) {
@@ -996,7 +1012,7 @@ extern "C" int nb_cuda_matmul_wq_set_gemv_variant(int v) {
 }
 
 extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x, nb_dtype x_dt,
-                                       const nb_wq_tensor *w, int use_lower, const void *bias,
+                                       const nb_cuda_wq *w, int use_lower, const void *bias,
                                        nb_dtype bias_dt, int n, int m, int k, void *workspace,
                                        size_t workspace_bytes, cudaStream_t stream) {
     (void)workspace;
@@ -1006,15 +1022,13 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     if (x_dt != NB_DTYPE_F16 && x_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
     if (!io_dtype_ok(out_dt) || (bias && !io_dtype_ok(bias_dt))) return NB_ERR_INVALID_ARG;
     if (n == 0 || m == 0) return NB_OK;
-    if (!out || !x || !w->upper || !w->scale || !w->zero || (use_lower && !w->lower))
-        return NB_ERR_INVALID_ARG;
+    if (!out || !x || !w->upper || !w->sz || (use_lower && !w->lower)) return NB_ERR_INVALID_ARG;
     WqParams p;
     p.out = out;
     p.x = x;
     p.upper = w->upper;
     p.lower = use_lower ? w->lower : nullptr;
-    p.scale = w->scale;
-    p.zero = w->zero;
+    p.sz = w->sz;
     p.bias = bias;
     p.out_dt = (int)out_dt;
     p.bias_dt = (int)bias_dt;
@@ -1027,8 +1041,8 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
         if (nb_wq_trace_outs[i] == out) p.trace_seq = i;
 #endif
     const bool fast = gs == kGroup && aligned16(x) && aligned16(w->upper) &&
-                      (!use_lower || aligned16(w->lower));
-    const bool sz_pairs = ((uintptr_t)w->scale & 3u) == 0 && ((uintptr_t)w->zero & 3u) == 0;
+                      (!use_lower || aligned16(w->lower)) && ((uintptr_t)w->sz & 7u) == 0;
+    const bool sz16 = aligned16(w->sz);  // the decode kernel copies an item's sz in 16-byte parts
     // NOTE: k <= 256k keeps the decode kernel's shared memory (the group sums
     // grow with k) far inside the limit; no model comes near it.
     // NOTE: the 8-bit view of a matrix of <= 16M weights is faster on the
@@ -1036,7 +1050,7 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
     // The choice depends on the matrix only, never on n <= 8 rows.
     const bool decode_kernel = !use_lower || (size_t)m * k > ((size_t)16 << 20);
-    if (fast && n <= 8 && k <= 262144 && decode_kernel && sz_pairs && gemv_on()) {
+    if (fast && n <= 8 && k <= 262144 && decode_kernel && sz16 && gemv_on()) {
         const cudaError_t e = x_dt == NB_DTYPE_F16
                                   ? (use_lower ? launch_gemv<__half, true>(p, stream)
                                                : launch_gemv<__half, false>(p, stream))
@@ -1071,23 +1085,22 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     return cudaPeekAtLastError() == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
 }
 
-extern "C" nb_status nb_cuda_wq_dequantize(void *out, nb_dtype dt, const nb_wq_tensor *w,
+extern "C" nb_status nb_cuda_wq_dequantize(void *out, nb_dtype dt, const nb_cuda_wq *w,
                                            int use_lower, int m, int k, cudaStream_t stream) {
     const int gs = nb_wq_group_size(k);
     if (m < 0 || gs == 0 || !w || (dt != NB_DTYPE_F16 && dt != NB_DTYPE_BF16))
         return NB_ERR_INVALID_ARG;
     if (m == 0) return NB_OK;
-    if (!out || !w->upper || !w->scale || !w->zero || (use_lower && !w->lower))
-        return NB_ERR_INVALID_ARG;
+    if (!out || !w->upper || !w->sz || (use_lower && !w->lower)) return NB_ERR_INVALID_ARG;
     const size_t bytes = (size_t)m * k / 2;
     const unsigned blocks = (unsigned)((bytes + 255) / 256);
     const uint8_t *lo = use_lower ? w->lower : nullptr;
     if (dt == NB_DTYPE_F16)
         wq_dequant_kernel<__half><<<blocks, 256, 0, stream>>>(static_cast<__half *>(out), w->upper,
-                                                              lo, w->scale, w->zero, m, k, gs);
+                                                              lo, w->sz, m, k, gs);
     else
         wq_dequant_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
-            static_cast<__nv_bfloat16 *>(out), w->upper, lo, w->scale, w->zero, m, k, gs);
+            static_cast<__nv_bfloat16 *>(out), w->upper, lo, w->sz, m, k, gs);
     return cudaPeekAtLastError() == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
 }
 

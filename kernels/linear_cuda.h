@@ -41,12 +41,34 @@ extern "C" {
 // of the word's 8 (rev3 reverses 3 bits: 0,4,2,6,1,5,3,7), which lets the
 // kernels turn codes into tensor-core operands in the order x lies in
 // memory (linear_cuda.cu). Every plane passed to the functions below
-// (upper and lower) is in this layout; scales and zeros are as in wquant.h.
+// (upper and lower) is in this layout; scales and zeros are in the sz layout
+// below.
 // nb_cuda_wq_pack_plane converts a host plane in place, and since the
 // reorder is its own inverse the same call converts back. bytes must be a
 // multiple of 4 (every supported k gives one). Returns NB_OK or
 // NB_ERR_INVALID_ARG.
 nb_status nb_cuda_wq_pack_plane(uint8_t *plane /*[bytes] host*/, size_t bytes);
+
+// The CUDA layout of a matrix's scales and zeros (sz): for each 16-row tile
+// T and group G, 64 contiguous bytes, 8 bytes per row pair g = 0..7:
+// scale(16T+g), scale(16T+g+8), zero(16T+g), zero(16T+g+8), f16 as in
+// wquant.h; rows past m are zeros. One decode-kernel item (16 rows, one
+// group) then copies its scales and zeros as one 64-byte piece instead of
+// 32 scattered 2-byte values. Element count (f16) of an [m][k] matrix's sz,
+// ceil(m/16) * 16 * (k/g) * 2; 0 for an unsupported k.
+size_t nb_cuda_wq_sz_elems(int m, int k);
+// Fills sz (host, nb_cuda_wq_sz_elems(m, k) elements) from wquant.h's
+// scale and zero arrays. Returns NB_OK or NB_ERR_INVALID_ARG.
+nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale /*[m][k/g]*/,
+                             const uint16_t *zero /*[m][k/g]*/, int m, int k);
+
+// A quantized [m][k] matrix on the device in the CUDA layouts above (the
+// caller owns the buffers). lower may be NULL for a draft-only matrix.
+typedef struct nb_cuda_wq {
+    const uint8_t *upper;  // [m][k/2] CUDA-layout plane
+    const uint8_t *lower;  // [m][k/2] CUDA-layout plane, or NULL
+    const uint16_t *sz;    // [nb_cuda_wq_sz_elems(m, k)] f16
+} nb_cuda_wq;
 
 // Workspace bytes nb_cuda_matmul_wq needs for these sizes (currently 0 for
 // every shape; callers pass what this returns so a later split-k version
@@ -66,10 +88,10 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 // (n <= 16). For long prefills (n in the hundreds) dequantize once with
 // nb_cuda_wq_dequantize and call nb_cuda_matmul_dense instead.
 //
-// k % 128 == 0 with 16-byte aligned x, planes and a k that keeps rows 16-byte
-// aligned takes the tensor-core path; other supported k (32, 64, 96) take a
-// simple scalar kernel. On that path n <= 8 with 4-byte aligned scales and
-// zeros runs the streaming decode kernel (persistent blocks, a cp.async
+// k % 128 == 0 with 16-byte aligned x and planes and 8-byte aligned sz
+// takes the tensor-core path; other supported k (32, 64, 96) or alignments
+// take a simple scalar kernel. On that path n <= 8 with 16-byte aligned sz
+// runs the streaming decode kernel (persistent blocks, a cp.async
 // ring per warp, see set_pdl below; the 8-bit view only for matrices of
 // more than 16M weights); it computes each output with the same operations
 // in the same order as the tile kernel that takes the other calls, so a
@@ -81,7 +103,7 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 // launch failed: cudaGetLastError is left set for the caller to report).
 nb_status nb_cuda_matmul_wq(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
                             const void *x /*[n][k] x_dt (f16/bf16)*/, nb_dtype x_dt,
-                            const nb_wq_tensor *w /*[m][k] device: CUDA-layout planes, scales, zeros*/,
+                            const nb_cuda_wq *w /*[m][k] device*/,
                             int use_lower, const void *bias /*[m] bias_dt, or NULL*/,
                             nb_dtype bias_dt, int n, int m, int k, void *workspace,
                             size_t workspace_bytes, cudaStream_t stream);
@@ -121,7 +143,7 @@ int nb_cuda_matmul_wq_set_gemv_variant(int v);
 // C8*(s/16) + z, in f32) rounded to dt (f16 or bf16), for the prefill path.
 // Returns NB_OK, NB_ERR_INVALID_ARG, NB_ERR_BACKEND.
 nb_status nb_cuda_wq_dequantize(void *out /*[m][k] dt*/, nb_dtype dt,
-                                const nb_wq_tensor *w /*[m][k] device, CUDA-layout planes*/, int use_lower, int m,
+                                const nb_cuda_wq *w /*[m][k] device*/, int use_lower, int m,
                                 int k, cudaStream_t stream);
 
 // out[i][j] = dot(x[i], w[j]) + bias[j] through cublasGemmEx with f32

@@ -56,7 +56,7 @@
 typedef struct dlin {
     int m, k;
     const void *w;    // dense [m][k] in be->adt (device), or NULL
-    nb_wq_tensor q;   // device planes; q.upper NULL when there is no quantized copy
+    nb_cuda_wq q;     // device planes and sz; q.upper NULL when there is no quantized copy
     const void *bias; // device [m] bias_dt, or NULL
     nb_dtype bias_dt;
 } dlin;
@@ -316,7 +316,10 @@ static nb_status lin_init(cuda_backend *be, dlin *L, const nb_tensor_view *w,
         if (st != NB_OK) return st;
     }
     if (!want_q) return NB_OK;
-    size_t bytes = plane * (int8 ? 2 : 1) + 2 * n_groups * sizeof(uint16_t);
+    // The kernels' layouts (linear_cuda.h): planes in their nibble order,
+    // then scales and zeros tile-major (sz).
+    const size_t planes = plane * (int8 ? 2 : 1);
+    const size_t bytes = planes + nb_cuda_wq_sz_elems(L->m, L->k) * sizeof(uint16_t);
     void *dev = NULL;
     st = dev_alloc(be, &dev, bytes, err, err_len);
     if (st != NB_OK) return st;
@@ -324,28 +327,28 @@ static nb_status lin_init(cuda_backend *be, dlin *L, const nb_tensor_view *w,
     uint8_t *d = dev;
     L->q.upper = d;
     L->q.lower = int8 ? d + plane : NULL;
-    L->q.scale = (const uint16_t *)(d + plane * (int8 ? 2 : 1));
-    L->q.zero = L->q.scale + n_groups;
+    L->q.sz = (const uint16_t *)(d + planes);
     if (be->plan_only) {
         L->q.upper = (const uint8_t *)1; // non-NULL: the path rule needs to see a copy
         L->q.lower = int8 ? (const uint8_t *)1 : NULL;
         return NB_OK;
     }
-    uint8_t *h = malloc(bytes);
+    // h: what is uploaded, then wquant.h's scale and zero arrays.
+    uint8_t *h = malloc(bytes + 2 * n_groups * sizeof(uint16_t));
     if (!h) {
         nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w->name);
         return NB_ERR_OUT_OF_MEMORY;
     }
-    uint16_t *hs = (uint16_t *)(h + plane * (int8 ? 2 : 1));
+    uint16_t *hs = (uint16_t *)(h + bytes);
     st = nb_wq_quantize(w->data, w->dtype, L->m, L->k, h, int8 ? h + plane : NULL, hs, hs + n_groups);
     if (st != NB_OK) {
         free(h);
         nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w->name, nb_status_str(st));
         return st;
     }
-    // The kernels read the planes in their own nibble order (linear_cuda.h).
     st = nb_cuda_wq_pack_plane(h, plane);
     if (st == NB_OK && int8) st = nb_cuda_wq_pack_plane(h + plane, plane);
+    if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + planes), hs, hs + n_groups, L->m, L->k);
     if (st == NB_OK) st = h2d(be, dev, h, bytes, err, err_len);
     else nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w->name, nb_status_str(st));
     free(h);

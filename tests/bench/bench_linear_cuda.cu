@@ -37,7 +37,7 @@
 typedef struct bench_ctx {
     int m, k, n;
     int copies;
-    nb_wq_tensor *wq;   // [copies] device planes
+    nb_cuda_wq *wq;     // [copies] device planes and sz
     void **w16;         // [copies] dense f16 weights
     void *x, *out;
     cublasHandle_t cb;
@@ -195,23 +195,21 @@ int main(int argc, char **argv) {
         const size_t wq4_bytes = plane + groups * 4, dense_bytes = (size_t)m * k * 2;
         const int cq = (int)((4 * l2 + wq4_bytes - 1) / wq4_bytes) + 1;
         const int cd = (int)((4 * l2 + dense_bytes - 1) / dense_bytes) + 1;
-        nb_wq_tensor *wq = (nb_wq_tensor *)calloc(cq, sizeof *wq);
+        nb_cuda_wq *wq = (nb_cuda_wq *)calloc(cq, sizeof *wq);
+        const size_t nsz = nb_cuda_wq_sz_elems(m, k);
         void **w16 = (void **)calloc(cd, sizeof *w16);
         for (int c = 0; c < cq; c++) {
             uint8_t *u, *l;
-            uint16_t *sc, *zr;
+            uint16_t *sz;
             CUDA_OK(cudaMalloc(&u, plane));
             CUDA_OK(cudaMalloc(&l, plane));
-            CUDA_OK(cudaMalloc(&sc, groups * 2));
-            CUDA_OK(cudaMalloc(&zr, groups * 2));
+            CUDA_OK(cudaMalloc(&sz, nsz * 2));
             fill(u, plane, 0, 100 + c);
             fill(l, plane, 0, 200 + c);
-            fill(sc, groups, 2, 300 + c);
-            fill(zr, groups, 3, 400 + c);
+            fill(sz, nsz, 2, 300 + c); // scale-like values for scales and zeros alike
             wq[c].upper = u;
             wq[c].lower = l;
-            wq[c].scale = sc;
-            wq[c].zero = zr;
+            wq[c].sz = sz;
         }
         for (int c = 0; c < cd; c++) {
             CUDA_OK(cudaMalloc(&w16[c], dense_bytes));
@@ -297,8 +295,7 @@ int main(int argc, char **argv) {
         for (int c = 0; c < cq; c++) {
             cudaFree((void *)wq[c].upper);
             cudaFree((void *)wq[c].lower);
-            cudaFree((void *)wq[c].scale);
-            cudaFree((void *)wq[c].zero);
+            cudaFree((void *)wq[c].sz);
         }
         for (int c = 0; c < cd; c++) cudaFree(w16[c]);
         cudaFree(x);

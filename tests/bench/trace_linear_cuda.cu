@@ -56,16 +56,15 @@ int main(int argc, char **argv) {
     const size_t per_copy = plane + 4 * ngr;
     int copies = (int)((200u << 20) / per_copy) + 1;
     if (copies > L) copies = L;
-    std::vector<nb_wq_tensor> w(copies);
+    std::vector<nb_cuda_wq> w(copies);
+    const size_t nsz = nb_cuda_wq_sz_elems(m, k);
     for (int c = 0; c < copies; c++) {
-        uint8_t *u, *sc, *zr;
+        uint8_t *u, *sz;
         CUDA_OK(cudaMalloc(&u, plane));
-        CUDA_OK(cudaMalloc(&sc, 2 * ngr));
-        CUDA_OK(cudaMalloc(&zr, 2 * ngr));
+        CUDA_OK(cudaMalloc(&sz, 2 * nsz));
         fill(u, plane, 0, 11 + c);
-        fill(sc, ngr, 2, 23 + c);
-        fill(zr, ngr, 3, 37 + c);
-        w[c] = {u, nullptr, (const uint16_t *)sc, (const uint16_t *)zr};
+        fill(sz, nsz, 2, 23 + c);
+        w[c] = {u, nullptr, (const uint16_t *)sz};
     }
     uint8_t *x;
     CUDA_OK(cudaMalloc(&x, (size_t)n * k * 2));

@@ -164,8 +164,10 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     uint8_t *d_up = (uint8_t *)dev_upload(upk, pb), *d_lo = (uint8_t *)dev_upload(lok, pb);
     free(upk);
     free(lok);
-    uint16_t *d_sc = (uint16_t *)dev_upload(sc, ngt * 2);
-    uint16_t *d_zr = (uint16_t *)dev_upload(zr, ngt * 2);
+    const size_t nsz = nb_cuda_wq_sz_elems(m, k);
+    uint16_t *hsz = (uint16_t *)malloc(nsz * 2);
+    CHECK(nsz >= 2 * ngt && nb_cuda_wq_pack_sz(hsz, sc, zr, m, k) == NB_OK);
+    uint16_t *d_sz = (uint16_t *)dev_upload(hsz, nsz * 2);
     void *d_w = dev_upload(w, mk * es), *d_x = dev_upload(x, nk * es);
     void *d_bias = dev_upload(bias, (size_t)m * nb_dtype_size(bdt));
     void *d_out = NULL, *d_out2 = NULL, *d_xmis = NULL;
@@ -174,8 +176,8 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     CUDA_OK(cudaMalloc(&d_xmis, nk * es + 16));
     uint8_t *d_xm = (uint8_t *)d_xmis + 2; // 2-byte aligned only: the scalar fallback
     CUDA_OK(cudaMemcpy(d_xm, x, nk * es, cudaMemcpyHostToDevice));
-    nb_wq_tensor dw = {d_up, d_lo, d_sc, d_zr};
-    nb_wq_tensor dw4 = {d_up, NULL, d_sc, d_zr}; // draft-only: no lower plane at all
+    nb_cuda_wq dw = {d_up, d_lo, d_sz};
+    nb_cuda_wq dw4 = {d_up, NULL, d_sz}; // draft-only: no lower plane at all
     cublasHandle_t cb;
     CHECK(cublasCreate(&cb) == CUBLAS_STATUS_SUCCESS);
 
@@ -323,26 +325,25 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
         free(got);
     }
 
-    // Scales and zeros only 2-byte aligned: the decode kernel copies them as
-    // aligned pairs, so these calls must take the tile kernel, and be right.
-    {
-        char *d_sz = NULL;
-        CUDA_OK(cudaMalloc(&d_sz, 2 * ngt * 2 + 8));
-        uint16_t *d_sc2 = (uint16_t *)(d_sz + 2), *d_zr2 = (uint16_t *)(d_sz + ngt * 2 + 6);
-        CUDA_OK(cudaMemcpy(d_sc2, sc, ngt * 2, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(d_zr2, zr, ngt * 2, cudaMemcpyHostToDevice));
-        nb_wq_tensor dwm = {d_up, d_lo, d_sc2, d_zr2};
+    // sz only 8-byte aligned (the decode kernel copies it in 16-byte parts:
+    // these calls must take the tile kernel) and only 2-byte aligned (the
+    // scalar kernel); both must be right.
+    for (int off = 8; off >= 2; off -= 6) {
+        char *d_szm = NULL;
+        CUDA_OK(cudaMalloc(&d_szm, nsz * 2 + 16));
+        CUDA_OK(cudaMemcpy(d_szm + off, hsz, nsz * 2, cudaMemcpyHostToDevice));
+        nb_cuda_wq dwm = {d_up, d_lo, (const uint16_t *)(d_szm + off)};
         for (int view = 0; view < 2; view++) {
             const int n = nmax < 3 ? nmax : 3;
             CUDA_OK(cudaMemset(d_out, 0xff, nm * 4));
             CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dwm, view, d_bias, bdt, n, m,
                                     k, NULL, 0, 0) == NB_OK);
             CUDA_OK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "wq%d 2-byte-aligned scales %s m=%d k=%d n=%d",
-                     view ? 8 : 4, nb_dtype_name(dt), m, k, n);
+            snprintf(what, sizeof what, "wq%d %d-byte-aligned sz %s m=%d k=%d n=%d",
+                     view ? 8 : 4, off, nb_dtype_name(dt), m, k, n);
             compare(what, d_out, NB_DTYPE_F32, ref[view], S[view], n, m, 1.0f, NULL, &st[view]);
         }
-        cudaFree(d_sz);
+        cudaFree(d_szm);
     }
 
     // Programmatic dependent launch hazards: a chain of 8 dependent calls
@@ -463,8 +464,8 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     cublasDestroy(cb);
     cudaFree(d_up);
     cudaFree(d_lo);
-    cudaFree(d_sc);
-    cudaFree(d_zr);
+    cudaFree(d_sz);
+    free(hsz);
     cudaFree(d_w);
     cudaFree(d_x);
     cudaFree(d_bias);
@@ -511,6 +512,32 @@ static void check_pack(void) {
     CHECK(nb_cuda_wq_pack_plane(c, 6) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_wq_pack_plane(NULL, 4) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_wq_pack_plane(NULL, 0) == NB_OK);
+
+    // sz: 16-row tiles, then groups, then row pairs (g, g+8): scale, scale,
+    // zero, zero; rows past m zero. m = 20 (a partial second tile), 2 groups.
+    enum { M = 20, K = 256, NG = 2 };
+    uint16_t sc[M * NG], zr[M * NG], sz[2 * NG * 32];
+    for (int j = 0; j < M; j++)
+        for (int gi = 0; gi < NG; gi++) {
+            sc[j * NG + gi] = (uint16_t)(1000 + 10 * j + gi);
+            zr[j * NG + gi] = (uint16_t)(3000 + 10 * j + gi);
+        }
+    CHECK(nb_cuda_wq_sz_elems(M, K) == sizeof sz / 2);
+    CHECK(nb_cuda_wq_sz_elems(M, 100) == 0);
+    memset(sz, 0xff, sizeof sz);
+    CHECK(nb_cuda_wq_pack_sz(sz, sc, zr, M, K) == NB_OK);
+    size_t bad = 0;
+    for (int tl = 0; tl < 2; tl++)
+        for (int gi = 0; gi < NG; gi++)
+            for (int g = 0; g < 8; g++)
+                for (int q = 0; q < 4; q++) {
+                    const int j = tl * 16 + g + 8 * (q & 1);
+                    const uint16_t want = j >= M ? 0 : (q < 2 ? sc : zr)[j * NG + gi];
+                    bad += sz[(tl * NG + gi) * 32 + g * 4 + q] != want;
+                }
+    CHECKF(bad == 0, "pack_sz: %zu of %d values misplaced", bad, 2 * NG * 32);
+    CHECK(nb_cuda_wq_pack_sz(sz, sc, zr, M, 100) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_wq_pack_sz(NULL, sc, zr, M, K) == NB_ERR_INVALID_ARG);
 }
 
 int main(void) {
@@ -553,7 +580,7 @@ int main(void) {
     run_shape(NB_DTYPE_F16, 64, 8448, 4, ns, n_ns);
 
     // Argument checks.
-    nb_wq_tensor none = {NULL, NULL, NULL, NULL};
+    nb_cuda_wq none = {NULL, NULL, NULL};
     CHECK(nb_cuda_matmul_wq(NULL, NB_DTYPE_F32, NULL, NB_DTYPE_F32, &none, 0, NULL, NB_DTYPE_F32,
                             1, 1, 128, NULL, 0, 0) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_matmul_wq(NULL, NB_DTYPE_F32, NULL, NB_DTYPE_F16, &none, 0, NULL, NB_DTYPE_F32,
