@@ -102,10 +102,12 @@ __device__ __forceinline__ uint32_t deq(uint32_t q, int shift, uint32_t mul, uin
 // operand. 8-bit view: 16U (magic, then one fma). 4-bit view: U, except in
 // f16, where the masked bits already are the f16 subnormals U * 2^-24: one
 // instruction instead of three, and exact, as are their products with x
-// (>= 2^-48 in magnitude, far from f32's subnormals). sc_view() scales the
-// group scale by 2^24 to match, so sc * acc is the same f32 value, bit for
-// bit, as with U itself: every product and partial sum of the mma, and acc,
-// is the same value times 2^-24.
+// (>= 2^-48 in magnitude, far from f32's subnormals). Every product and
+// partial sum of the mma, and acc, is then the value with U itself times
+// 2^-24; the group sums of x are formed times 2^-24 as well (x_sum), so a
+// tile's whole sum is the true one times 2^-24, scaled back once per tile
+// (tile_out): the same roundings as with U, bit for bit, while every value
+// stays far above 2^-126.
 template <typename XT, bool LOWER>
 __device__ __forceinline__ uint32_t deq_u(uint32_t q, int shift) {
     if (LOWER) return deq<XT>(q, shift, Deq<XT>::kU8Mul, Deq<XT>::kU8Add);
@@ -119,7 +121,7 @@ template <typename XT> __device__ __forceinline__ uint32_t deq_l(uint32_t q, int
 // The factor applied to a group's dot product for the group's scale s.
 template <typename XT, bool LOWER> __device__ __forceinline__ float sc_view(float s) {
     if (LOWER) return s * 0.0625f;  // s/16 is exact (a power-of-two scaling of an f16)
-    return Deq<XT>::kSubnormalU4 ? s * 16777216.0f : s;  // 2^24, exact
+    return s;
 }
 
 // d += A(16x16) * B(16x8), f32 accumulators.
@@ -157,9 +159,12 @@ __device__ __forceinline__ void x_frags(const uint4 &v, uint32_t (&b)[4]) {
     b[2] = v.z;
     b[3] = v.w;
 }
-// xs += the sum of the word's x elements (an mma with A = ones).
-template <typename XT> __device__ __forceinline__ void x_sum(float (&xs)[4], const uint32_t (&b)[4]) {
-    const uint32_t one = Deq<XT>::kOne;
+// xs += the sum of the word's x elements (an mma with A = ones; for the
+// 4-bit view with f16 x, A = 2^-24, the f16 subnormal 1: the sum times
+// 2^-24, exactly, see deq_u).
+template <typename XT, bool LOWER>
+__device__ __forceinline__ void x_sum(float (&xs)[4], const uint32_t (&b)[4]) {
+    const uint32_t one = !LOWER && Deq<XT>::kSubnormalU4 ? 0x00010001u : Deq<XT>::kOne;
     mma<XT>(xs, one, one, one, one, b[0], b[1]);
     mma<XT>(xs, one, one, one, one, b[2], b[3]);
 }
@@ -210,21 +215,27 @@ __device__ __forceinline__ void word_mma(float (*acc)[4] /*[NT]*/, float (*acc16
     }
 }
 // A group's dot product from its accumulators (kMaskU4: acc + acc16 / 16,
-// one rounding; 1/16 is exact).
-template <typename XT, bool LOWER>
+// one rounding; 1/16 is exact). X1: only x row 2t (i = 0, 2) is wanted (one
+// row of x: the others are never stored).
+template <typename XT, bool LOWER, bool X1 = false>
 __device__ __forceinline__ void group_dot(float (&acc)[4], const float (&acc16)[4]) {
     if constexpr (kMaskU4<XT, LOWER>) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[i] = __fmaf_rn(acc16[i], 0.0625f, acc[i]);
+        for (int i = 0; i < 4; i += X1 ? 2 : 1) acc[i] = __fmaf_rn(acc16[i], 0.0625f, acc[i]);
     }
 }
 // A group's contribution: tot[i] += sc * dot, then += z * sum(x_G) (two
 // fmas) for weight row g + 8*(i/2) (sc[0..1], zc[0..1]) and x row 2t + i%2.
+template <bool X1 = false>
 __device__ __forceinline__ void fold_group(float (&tot)[4], const float (&sc)[2], const float (&zc)[2],
                                            const float (&acc)[4], const float (&xs)[4]) {
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i += X1 ? 2 : 1)
         tot[i] = __fmaf_rn(zc[i >> 1], xs[i], __fmaf_rn(sc[i >> 1], acc[i], tot[i]));
+}
+// A tile's sum as it leaves a warp: kMaskU4 sums are formed times 2^-24.
+template <typename XT, bool LOWER> __device__ __forceinline__ float tile_out(float v) {
+    return kMaskU4<XT, LOWER> ? v * 16777216.0f : v;
 }
 
 // NOTE: weights are touched once per launch; keep them out of L1 so the
@@ -410,7 +421,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     x_frags(xv[u][nt][w], b[nt]);
-                    x_sum<XT>(xs[nt], b[nt]);
+                    x_sum<XT, LOWER>(xs[nt], b[nt]);
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++)
@@ -436,7 +447,8 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                red[warp][nt * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] = tot[r][nt][i];
+                red[warp][nt * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] =
+                    tile_out<XT, LOWER>(tot[r][nt][i]);
     __syncthreads();
     for (int idx = threadIdx.x; idx < NT * 8 * R * 16; idx += kThreads) {
         const int xc = idx / (R * 16), rl = idx % (R * 16);
@@ -514,7 +526,7 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // Grid: see launch_gemv; block: kWarps warps; dynamic shared memory
 // gv_smem_bytes(cw_max). Needs sz 16-byte aligned, k % 128 == 0,
 // 1 <= p.n <= 8.
-template <typename XT, bool LOWER, int ST, int MINB, int NS>
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1>
 __global__ void __launch_bounds__(kThreads, MINB)
     wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
     extern __shared__ __align__(16) unsigned char gv_smem[];
@@ -625,7 +637,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
                     for (int i = 0; i < 4; i++) xs[u][i] = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < 4; w++) x_sum<XT>(xs[u], b[u][w]);
+                    for (int w = 0; w < 4; w++) x_sum<XT, LOWER>(xs[u], b[u][w]);
                     if (g == 0 && my_tiles > 1) {
                         xs_s[(j + u) * 8 + 2 * t] = xs[u][0];
                         xs_s[(j + u) * 8 + 2 * t + 1] = xs[u][1];
@@ -665,8 +677,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                            LOWER ? word(ql[u][1], w) : 0u, &b[u][w]);
 #pragma unroll
             for (int u = 0; u < N; u++) {
-                group_dot<XT, LOWER>(acc[u], acc16[u]);
-                fold_group(tot, sc[u], zc[u], acc[u], xs[u]);
+                group_dot<XT, LOWER, X1>(acc[u], acc16[u]);
+                fold_group<X1>(tot, sc[u], zc[u], acc[u], xs[u]);
             }
             __syncwarp();  // every lane has read the slots before they are refilled
 #pragma unroll
@@ -682,7 +694,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         // tot[i]: weight row g + 8*(i/2) of the tile, x row 2t + i%2.
         float (*rb)[8][16] = red[tl & 1];
 #pragma unroll
-        for (int i = 0; i < 4; i++) rb[warp][2 * t + (i & 1)][g + (i >> 1) * 8] = tot[i];
+        for (int i = 0; i < 4; i++) rb[warp][2 * t + (i & 1)][g + (i >> 1) * 8] = tile_out<XT, LOWER>(tot[i]);
         // NOTE: one barrier per tile: red is double-buffered, and a buffer is
         // rewritten two tiles later, after every reader has passed the
         // barrier in between.
@@ -818,10 +830,10 @@ constexpr GvVar kGvVars[] = {{8, 2, 2}, {8, 2, 1}, {6, 3, 1}};
 constexpr int kGvNVar = (int)(sizeof kGvVars / sizeof kGvVars[0]);
 int g_gemv_var = 0;
 
-template <typename XT, bool LOWER, int V>
+template <typename XT, bool LOWER, int V, bool X1>
 constexpr auto gv_fn() {
     return wq_gemv_kernel<XT, LOWER, LOWER ? 4 : kGvVars[V].st, kGvVars[V].minb,
-                          kGvVars[V].ns>;
+                          kGvVars[V].ns, X1>;
 }
 
 // Resident blocks per SM of one decode-kernel instantiation (fn, numbered
@@ -829,7 +841,7 @@ constexpr auto gv_fn() {
 // size class (the group sums' area grows with k; classes are powers of two
 // of groups per warp, 4 to 256), and the SM count; computed once per
 // device, kernel and class. Returns 0 and sets *err on a CUDA error.
-constexpr int kGvIds = 4 * kGvNVar;
+constexpr int kGvIds = 8 * kGvNVar;
 int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, int *sms_out,
                 cudaError_t *err) {
     constexpr int kMaxDev = 64, kClasses = 7;
@@ -863,7 +875,8 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
     return per_sm;
 }
 
-template <typename XT, bool LOWER, int V>
+// X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
+template <typename XT, bool LOWER, int V, bool X1>
 cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     constexpr int ST = LOWER ? 4 : kGvVars[V].st;
     constexpr int kClasses = 7;
@@ -874,9 +887,10 @@ cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
         cls++;
     }
     const size_t smem = gv_smem_bytes<LOWER, ST>(cw_max);
-    constexpr auto kern = gv_fn<XT, LOWER, V>();
+    constexpr auto kern = gv_fn<XT, LOWER, V, X1>();
     const void *fn = reinterpret_cast<const void *>(kern);
-    const int id = V * 4 + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
+    const int id =
+        V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
     cudaError_t err;
     int sms = 1;
     const int per_sm = gemv_per_sm(fn, id, gv_smem_bytes<LOWER, ST>(4 << (kClasses - 1)), cls,
@@ -904,16 +918,21 @@ cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     return cudaLaunchKernelEx(&cfg, kern, p, ntiles, cw_max);
 }
 
-template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+template <typename XT, bool LOWER, bool X1>
+cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     if constexpr (!LOWER && std::is_same<XT, __half>::value) {
         switch (g_gemv_var) {
-        case 1: return launch_gemv_v<XT, LOWER, 1>(p, stream);
-        case 2: return launch_gemv_v<XT, LOWER, 2>(p, stream);
-
+        case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
+        case 2: return launch_gemv_v<XT, LOWER, 2, X1>(p, stream);
         default: break;
         }
     }
-    return launch_gemv_v<XT, LOWER, 0>(p, stream);
+    return launch_gemv_v<XT, LOWER, 0, X1>(p, stream);
+}
+
+template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+    return p.n == 1 ? launch_gemv_x<XT, LOWER, true>(p, stream)
+                    : launch_gemv_x<XT, LOWER, false>(p, stream);
 }
 
 template <typename XT, int NT, int R, bool LOWER>
