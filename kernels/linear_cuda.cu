@@ -819,10 +819,11 @@ bool pdl_on() {
 // 4 items of 2 KB), blocks per SM the registers are budgeted for (launch
 // bounds), items per step. Same bits for every variant (the same per-item
 // arithmetic in the same order). Variant 0 is the built-in choice (8, 2, 2;
-// on an H100 no other was faster by more than noise at any Llama shape, n =
-// 1 and 4, and most were 5-30% slower; deeper register budgets (4 blocks of
-// 64 registers) spill: docs/benchmarks.md, session 17); the others are for
-// the benchmark's sweep (nb_cuda_matmul_wq_set_gemv_variant), f16 4-bit only.
+// on an H100 the others were 5-35% slower at the Llama shapes at n = 1, and
+// at n = 4 all but one cell (the 6-item ring, 1.5% faster at 4096x4096);
+// 4 blocks of 64 registers spill: docs/benchmarks.md, session 17); the
+// others are for the benchmark's sweep (nb_cuda_matmul_wq_set_gemv_variant),
+// f16 4-bit only.
 struct GvVar {
     int st, minb, ns;
 };
