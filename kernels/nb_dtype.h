@@ -66,6 +66,14 @@ static inline uint16_t nb_f32_to_f16(float f) {
     return sign | (uint16_t)(((r >> 13) - (112u << 10)) & 0xffffu);
 }
 
+// As nb_f32_to_f16, but finite values beyond the f16 range become +-65504
+// (the largest finite f16) instead of Inf; Inf and NaN stay Inf and NaN.
+static inline uint16_t nb_f32_to_f16_sat(float f) {
+    uint32_t a = nb_f32_bits(f) & 0x7fffffffu;
+    if (a < 0x7f800000u && a >= 0x477ff000u) return (uint16_t)(((nb_f32_bits(f) >> 16) & 0x8000u) | 0x7bffu);
+    return nb_f32_to_f16(f);
+}
+
 // Round a float to the nearest value representable in dtype t.
 static inline float nb_round_to_dtype(float f, nb_dtype t) {
     if (t == NB_DTYPE_F16) return nb_f16_to_f32(nb_f32_to_f16(f));

@@ -192,6 +192,17 @@ __global__ void write_kv_kernel(nb_kv_layout lay, void *fp, int layer, const flo
     }
 }
 
+// nb_f32_to_f16_sat: finite values past the f16 range to +-65504.
+__global__ void convert_f16_sat_kernel(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float f = src[i];
+        const uint32_t u = __float_as_uint(f), a = u & 0x7fffffffu;
+        dst[i] = a < 0x7f800000u && a >= 0x477ff000u ? (uint16_t)(((u >> 16) & 0x8000u) | 0x7bffu)
+                                                     : f32_to_f16(f);
+    }
+}
+
 __global__ void convert_kernel(void *dst, nb_dtype dst_dt, const void *src, nb_dtype src_dt,
                                size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -270,6 +281,14 @@ extern "C" nb_status nb_cuda_write_kv(const nb_kv_layout *lay, void *fp, int lay
     dim3 grid((unsigned)n, (unsigned)lay->n_kv_heads);
     write_kv_kernel<<<grid, threads, 0, stream>>>(*lay, fp, layer, k, v, fpblock, slot);
     return launch_status();
+}
+
+extern "C" nb_status nb_cuda_convert_f16_sat(uint16_t *dst, const float *src, size_t n,
+                                            cudaStream_t stream) {
+    if (n == 0) return NB_OK;
+    if (!dst || !src) return NB_ERR_INVALID_ARG;
+    convert_f16_sat_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
+    return cudaPeekAtLastError() == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
 }
 
 extern "C" nb_status nb_cuda_convert(void *dst, nb_dtype dst_dt, const void *src,

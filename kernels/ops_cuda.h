@@ -110,6 +110,14 @@ nb_status nb_cuda_write_kv(const nb_kv_layout *lay, void *fp /*lay->dtype, nb_kv
 nb_status nb_cuda_convert(void *dst /*[n] dst_dt*/, nb_dtype dst_dt, const void *src /*[n] src_dt*/,
                           nb_dtype src_dt, size_t n, cudaStream_t stream);
 
+// f32 to f16 as nb_f32_to_f16_sat (nb_dtype.h): finite values past the f16
+// range become +-65504 rather than Inf (the draft's quantized layers of a
+// bf16 model take f16 x: a clamped outlier costs acceptance, an Inf would
+// poison the draft's logits). dst must not overlap src. Returns NB_OK,
+// NB_ERR_INVALID_ARG (NULL pointers with n > 0) or NB_ERR_BACKEND.
+nb_status nb_cuda_convert_f16_sat(uint16_t *dst /*[n]*/, const float *src /*[n]*/, size_t n,
+                                  cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

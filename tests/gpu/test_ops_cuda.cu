@@ -392,6 +392,25 @@ static void test_convert() {
             mism += got[i] != (dt == NB_DTYPE_F16 ? nb_f32_to_f16(f[i]) : nb_f32_to_bf16(f[i]));
         total += (long)n;
     }
+    // f32 -> f16 saturating (nb_f32_to_f16_sat), the same inputs plus the
+    // overflow edges.
+    {
+        const float sat_edges[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e30f, -3.4e38f,
+                                   -INFINITY, INFINITY, NAN};
+        std::vector<float> fs(f);
+        for (size_t i = 0; i < sizeof sat_edges / sizeof sat_edges[0]; i++) fs[16 + i] = sat_edges[i];
+        dbuf<float> dfs(fs);
+        NB_CHECK(nb_cuda_convert_f16_sat(dh.p, dfs.p, n, 0));
+        std::vector<uint16_t> got = dh.down();
+        for (size_t i = 0; i < n; i++) mism += got[i] != nb_f32_to_f16_sat(fs[i]);
+        total += (long)n;
+        // The twin itself at the edges: +-65504 past the range, Inf and NaN kept.
+        mism += nb_f32_to_f16_sat(65520.0f) != 0x7bffu;
+        mism += nb_f32_to_f16_sat(-1e30f) != 0xfbffu;
+        mism += nb_f32_to_f16_sat(INFINITY) != 0x7c00u;
+        mism += (nb_f32_to_f16_sat(NAN) & 0x7c00u) != 0x7c00u || !(nb_f32_to_f16_sat(NAN) & 0x3ffu);
+        mism += nb_f32_to_f16_sat(65519.0f) != nb_f32_to_f16(65519.0f);
+    }
     // f16 / bf16 -> f32 and -> each other: all 65536 patterns.
     std::vector<uint16_t> all(65536);
     for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
@@ -414,8 +433,8 @@ static void test_convert() {
         }
         total += 2 * 65536;
     }
-    summary(mism == 0, "convert", "%ld conversions (f32->f16/bf16 random bits + edges, all "
-            "65536 f16/bf16 patterns -> f32 and across), %ld mismatches; contract: bit-exact",
+    summary(mism == 0, "convert", "%ld conversions (f32->f16/bf16 and f16 saturating random bits + "
+            "edges, all 65536 f16/bf16 patterns -> f32 and across), %ld mismatches; contract: bit-exact",
             total, mism);
 }
 

@@ -48,6 +48,19 @@ static void test_convert(void) {
     // odd length (scalar tail)
     nb_ref_convert_to_f32(out, src + 0x3c00, NB_DTYPE_F16, 11);
     CHECK(out[0] == 1.0f && out[10] == nb_f16_to_f32(0x3c0a));
+    // The saturating f32 -> f16 (the draft's quantized inputs on the GPU):
+    // finite values past the range to +-65504, the rest as nb_f32_to_f16.
+    CHECK(nb_f32_to_f16_sat(65520.0f) == 0x7bffu && nb_f32_to_f16(65520.0f) == 0x7c00u);
+    CHECK(nb_f32_to_f16_sat(-3.0e38f) == 0xfbffu);
+    CHECK(nb_f32_to_f16_sat(65519.0f) == 0x7bffu && nb_f32_to_f16_sat(65504.0f) == 0x7bffu);
+    CHECK(nb_f32_to_f16_sat(INFINITY) == 0x7c00u && nb_f32_to_f16_sat(-INFINITY) == 0xfc00u);
+    CHECK((nb_f32_to_f16_sat(NAN) & 0x7fffu) > 0x7c00u);
+    bad = 0;
+    for (int i = 0; i < 65536; i++) {
+        const float f = nb_f16_to_f32((uint16_t)i);  // every f16 value comes back unchanged
+        bad += (i & 0x7fff) <= 0x7c00 && nb_f32_to_f16_sat(f) != (uint16_t)i;
+    }
+    CHECKF(bad == 0, "%d f16 values not kept by the saturating conversion", bad);
 }
 
 // The documented 8-lane order, written out plainly.
