@@ -149,7 +149,7 @@ typedef struct cuda_backend {
     cudaStream_t stream;
     cublasHandle_t blas;
     nb_dtype adt;  // dense weights and their activations (f32, f16 or bf16)
-    nb_dtype qxdt; // activations of the quantized kernels (f16 or bf16)
+    nb_dtype qxdt; // activations of the 8-bit view's kernels (f16 or bf16; the 4-bit view: qx_of)
     dlayer *layers;
     dlin lm_head;
     const void *embd, *out_norm;
@@ -474,9 +474,21 @@ static nb_status cuda_exec_work(nb_backend *base, const nb_bm_work *items, int32
 // forward
 // ---------------------------------------------------------------------------
 
+// The activations a quantized path reads. The 8-bit target view: qxdt (the
+// model's 16-bit type). The 4-bit draft view: f16 whatever the model's type,
+// because with f16 x its codes enter the tensor cores by masks alone
+// (kernels/linear_cuda.cu) and bf16 x measured 15-22% slower at batch 1 on
+// the Llama shapes (docs/benchmarks.md, session 17). A bf16 model's
+// activations past f16's range are clamped to +-65504 there
+// (nb_cuda_convert_f16_sat): that can only cost a draft acceptance, since
+// every emitted token is the target's.
+static nb_dtype qx_of(const cuda_backend *be, lin_path p) {
+    return p == LIN_Q4 ? NB_DTYPE_F16 : be->qxdt;
+}
+
 // Converts the f32 input rows of a linear stage into the dtypes its layers
 // read: *xd for dense layers (the f32 rows themselves when adt is f32), *xq
-// for quantized ones.
+// for quantized ones (both quantized layers of a stage take the same path).
 static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_path p0, lin_path p1,
                           const void **xd, const void **xq) {
     bool dense = p0 == LIN_DENSE || p1 == LIN_DENSE, quant = p0 != LIN_DENSE || p1 != LIN_DENSE;
@@ -489,13 +501,18 @@ static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_
         *xd = be->xa_d;
     }
     if (quant) {
-        if (dense && be->adt == be->qxdt) {
+        const lin_path pq = p0 != LIN_DENSE ? p0 : p1;
+        if (p0 != LIN_DENSE && p1 != LIN_DENSE && p0 != p1) return NB_ERR_INTERNAL;
+        const nb_dtype qdt = qx_of(be, pq);
+        nb_status st = NB_OK;
+        if (dense && be->adt == qdt)
             *xq = *xd;
-        } else {
-            nb_status st = nb_cuda_convert(be->xa_q, be->qxdt, src, NB_DTYPE_F32, cnt, be->stream);
-            if (st != NB_OK) return st;
-            *xq = be->xa_q;
-        }
+        else if (pq == LIN_Q4)
+            st = nb_cuda_convert_f16_sat(be->xa_q, src, cnt, be->stream);
+        else
+            st = nb_cuda_convert(be->xa_q, qdt, src, NB_DTYPE_F32, cnt, be->stream);
+        if (st != NB_OK) return st;
+        if (!*xq) *xq = be->xa_q;
     }
     return NB_OK;
 }
@@ -509,7 +526,7 @@ static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_
 static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const void *xq, int n,
                          const dlin *L, nb_fwd_mode mode, bool step) {
     lin_path p = path_of(be, L, mode);
-    nb_dtype xdt = p == LIN_DENSE ? be->adt : be->qxdt;
+    nb_dtype xdt = p == LIN_DENSE ? be->adt : qx_of(be, p);
     const uint8_t *x = p == LIN_DENSE ? xd : xq;
     int n_calls = step ? (n + STEP_SLICE - 1) / STEP_SLICE : 1;
     size_t xrow = (size_t)L->k * nb_dtype_size(xdt);
@@ -523,7 +540,7 @@ static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const voi
             st = nb_cuda_matmul_dense(be->blas, oc, NB_DTYPE_F32, xc, L->w, be->adt, L->bias,
                                       L->bias_dt, rows, L->m, L->k, be->stream);
         else
-            st = nb_cuda_matmul_wq(oc, NB_DTYPE_F32, xc, be->qxdt, &L->q, p == LIN_Q8, L->bias,
+            st = nb_cuda_matmul_wq(oc, NB_DTYPE_F32, xc, xdt, &L->q, p == LIN_Q8, L->bias,
                                    L->bias_dt, rows, L->m, L->k, NULL, 0, be->stream);
         if (st != NB_OK) return st;
     }
