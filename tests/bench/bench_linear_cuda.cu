@@ -42,6 +42,7 @@ typedef struct bench_ctx {
     void *x, *out;
     cublasHandle_t cb;
     int path;           // 0 wq4, 1 wq8, 2 cuBLAS fp16
+    int bf16_x;         // wq paths: x (and out) in bf16 instead of f16
 } bench_ctx;
 
 static void launch(const bench_ctx *c, int copy, cudaStream_t s) {
@@ -49,7 +50,8 @@ static void launch(const bench_ctx *c, int copy, cudaStream_t s) {
         NB_OK_OR_DIE(nb_cuda_matmul_dense(c->cb, c->out, NB_DTYPE_F16, c->x, c->w16[copy],
                                           NB_DTYPE_F16, NULL, NB_DTYPE_F32, c->n, c->m, c->k, s));
     else
-        NB_OK_OR_DIE(nb_cuda_matmul_wq(c->out, NB_DTYPE_F16, c->x, NB_DTYPE_F16, &c->wq[copy],
+        NB_OK_OR_DIE(nb_cuda_matmul_wq(c->out, c->bf16_x ? NB_DTYPE_BF16 : NB_DTYPE_F16, c->x,
+                                       c->bf16_x ? NB_DTYPE_BF16 : NB_DTYPE_F16, &c->wq[copy],
                                        c->path, NULL, NB_DTYPE_F32, c->n, c->m, c->k, NULL, 0,
                                        s));
 }
@@ -223,7 +225,7 @@ int main(int argc, char **argv) {
 
         for (int bi = 0; gsweep && bi < n_batches; bi++) {
             const int n = batches[bi];
-            bench_ctx c = {m, k, n, cd, wq, w16, x, out, cb, 2};
+            bench_ctx c = {m, k, n, cd, wq, w16, x, out, cb, 2, 0};
             const double t_fp16 = time_path(&c, s, reps);
             for (int path = 0; path < 2; path++) {
                 c.path = path;
@@ -242,6 +244,14 @@ int main(int argc, char **argv) {
                            t_fp16 / t[0]);
                 }
                 nb_cuda_matmul_wq_set_gemv_variant(0);
+                // The same view with bf16 activations (a bf16 model's
+                // quantized layers; no subnormal-code path), built-in choice.
+                c.bf16_x = 1;
+                const double t_bf = time_path(&c, s, reps);
+                c.bf16_x = 0;
+                printf("| %-18s | %2d | %s bf16 x | 0 | %8.2f |          |          |          | "
+                       "%5.2fx |\n", names[si], n, path ? "wq 8-bit" : "wq 4-bit", t_bf,
+                       t_fp16 / t_bf);
             }
             printf("| %-18s | %2d | cuBLAS fp16      | - | %8.2f |\n", names[si], n, t_fp16);
         }
@@ -249,7 +259,7 @@ int main(int argc, char **argv) {
             const int n = batches[bi];
             double us[3];
             for (int path = 2; path >= 0; path--) {
-                bench_ctx c = {m, k, n, path == 2 ? cd : cq, wq, w16, x, out, cb, path};
+                bench_ctx c = {m, k, n, path == 2 ? cd : cq, wq, w16, x, out, cb, path, 0};
                 nb_cuda_matmul_wq_set_tile_rows(0);
                 us[path] = time_path(&c, s, reps);
                 const double wbytes = path == 2 ? (double)dense_bytes
