@@ -19,9 +19,11 @@
 //     Otherwise magic | code and one fma.rn.x2 remove the magic (and scale U
 //     by 16 in the 8-bit view), exactly;
 //   - sum(x_G) comes from one more mma with A = all ones, already laid out
-//     like the accumulators, so the zero term is one multiply per group.
+//     like the accumulators, so the zero term is one fma per group;
+//   - scales and zeros are tile-major (nb_cuda_wq_pack_sz): a lane's two
+//     rows' scale and zero for a group are one 8-byte read.
 // Per group the mma accumulates dot(x_G, C_G) in f32 from +0, and the lane
-// adds sc * d + z * xs to its running total. The 8 warps of a block split
+// adds sc * d, then z * xs, to its running total (two fmas). The 8 warps of a block split
 // the groups of k between them (interleaved, 2 groups per warp per
 // iteration, all loads of an iteration issued before the first mma) and are
 // summed in a fixed order through shared memory at the end, so results are
@@ -626,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
             for (int u = 0; u < N; u++) load_b(warp + (j + u) * kWarps, b[u]);
             cp_wait<ST - N>();
-            __syncwarp();  // the scale/zero pairs were copied by other lanes
+            __syncwarp();  // the item's scales and zeros were copied by lanes 0..3
             float acc[N][4], acc16[N][4], sc[N][2], zc[N][2], xs[N][4];
             if (first) {
                 // The group sums: the tile kernel's mma, in its order, on the
