@@ -43,5 +43,10 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
     add_test(NAME bench_linear_cuda_smoke COMMAND bench_linear_cuda --quick)
     set_tests_properties(bench_linear_cuda_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                          LABELS "gpu;bench")
+    # Its argument checks come before any GPU use: this runs everywhere.
+    add_test(NAME bench_linear_cuda_args
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_linear_bad_args.sh
+                     $<TARGET_FILE:bench_linear_cuda>)
+    set_tests_properties(bench_linear_cuda_args PROPERTIES TIMEOUT 120)
   endif()
 endif()

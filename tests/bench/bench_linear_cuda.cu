@@ -121,11 +121,11 @@ static double copy_gbps(cudaStream_t s, size_t bytes) {
 }
 
 int main(int argc, char **argv) {
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    const int only = argc > 4 && strcmp(argv[1], "--only") == 0;
+    const int quick = argc == 2 && strcmp(argv[1], "--quick") == 0;
+    const int only = argc == 5 && strcmp(argv[1], "--only") == 0;
     const int only_m = only ? atoi(argv[2]) : 0, only_k = only ? atoi(argv[3]) : 0;
     const int only_n = only ? atoi(argv[4]) : 0;
-    const int gsweep = argc > 1 && strcmp(argv[1], "--gemv-sweep") == 0;
+    const int gsweep = argc == 2 && strcmp(argv[1], "--gemv-sweep") == 0;
     if (argc > 1 && !quick && !only && !gsweep) {
         fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep]\n");
         return 2;

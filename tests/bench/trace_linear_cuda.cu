@@ -41,6 +41,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "trace_linear_cuda: MODE is auto, nopdl, tile or 1sm, not %s\n", mode);
         return 2;
     }
+    const int nvar = nb_cuda_matmul_wq_set_gemv_variant(0);
+    const int var = argc > 6 ? atoi(argv[6]) : 0, bps = argc > 7 ? atoi(argv[7]) : 0;
+    if (argc > 8 || var < 0 || var >= nvar || bps < 0 || bps > 8) {
+        fprintf(stderr, "trace_linear_cuda: VARIANT is 0..%d, BPS 0..8 (0: all resident)\n",
+                nvar - 1);
+        return 2;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("trace_linear_cuda: SKIP: no CUDA device\n");
@@ -49,8 +56,8 @@ int main(int argc, char **argv) {
     nb_cuda_matmul_wq_set_pdl(strcmp(mode, "nopdl") ? 1 : 0);
     nb_cuda_matmul_wq_set_decode_kernel(strcmp(mode, "tile") ? 1 : 0);
     nb_cuda_matmul_wq_set_blocks_per_sm(strcmp(mode, "1sm") ? 0 : 1);
-    if (argc > 6) nb_cuda_matmul_wq_set_gemv_variant(atoi(argv[6]));
-    if (argc > 7) nb_cuda_matmul_wq_set_blocks_per_sm(atoi(argv[7]));
+    nb_cuda_matmul_wq_set_gemv_variant(var);
+    if (argc > 7) nb_cuda_matmul_wq_set_blocks_per_sm(bps);
 
     const size_t plane = (size_t)m * k / 2, ngr = (size_t)m * k / 128;
     const size_t per_copy = plane + 4 * ngr;

@@ -95,6 +95,37 @@ static void compare(const char *what, const void *d_out, nb_dtype odt, const flo
     free(h);
 }
 
+// A chain of `steps` dependent calls out = x . W^T ping-ponging between two
+// buffers (n rows of k = m, in dt), started from x and enqueued without a
+// sync, launched with PDL on or off, decode-kernel variant v and grid bps;
+// copies the final buffer (n * k elements of dt) to host. Restores the
+// launch settings.
+static void pdl_chain(void *host_out, const void *d_x, nb_dtype dt, const nb_cuda_wq *w, int view,
+                      int n, int m, int k, int steps, int pdl, int v, int bps) {
+    const size_t bb = (size_t)n * k * nb_dtype_size(dt);
+    void *buf[2];
+    CUDA_OK(cudaMalloc(&buf[0], bb));
+    CUDA_OK(cudaMalloc(&buf[1], bb));
+    cudaStream_t cs;
+    CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    nb_cuda_matmul_wq_set_pdl(pdl);
+    nb_cuda_matmul_wq_set_gemv_variant(v);
+    nb_cuda_matmul_wq_set_blocks_per_sm(bps);
+    CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaMemset(buf[1], 0xff, bb));
+    for (int step = 0; step < steps; step++)
+        CHECK(nb_cuda_matmul_wq(buf[(step + 1) & 1], dt, buf[step & 1], dt, w, view, NULL,
+                                NB_DTYPE_F32, n, m, k, NULL, 0, cs) == NB_OK);
+    CUDA_OK(cudaStreamSynchronize(cs));
+    CUDA_OK(cudaMemcpy(host_out, buf[steps & 1], bb, cudaMemcpyDeviceToHost));
+    nb_cuda_matmul_wq_set_pdl(-1);
+    nb_cuda_matmul_wq_set_gemv_variant(0);
+    nb_cuda_matmul_wq_set_blocks_per_sm(0);
+    CUDA_OK(cudaStreamDestroy(cs));
+    cudaFree(buf[0]);
+    cudaFree(buf[1]);
+}
+
 static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_ns) {
     const int gs = nb_wq_group_size(k), ng = k / gs;
     size_t pb = 0, ngt = 0;
@@ -346,93 +377,50 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
         cudaFree(d_szm);
     }
 
-    // Programmatic dependent launch hazards: a chain of 8 dependent calls
+    // Programmatic dependent launch hazards: a chain of dependent calls
     // ping-ponging between two buffers (each reads what the last one wrote
     // and overwrites what the last one read), enqueued without a sync, must
-    // give the bits of the same chain without PDL. The last run sizes the
-    // decode kernel's grid for one block per SM, so the next launch's blocks
-    // start beside every block of this one (otherwise only a large m leaves
-    // free slots). bf16: the values grow through the chain.
-    if (m == k && m >= 4096 && dt == NB_DTYPE_BF16) {
+    // give the bits of the same chain without PDL.
+    if (m == k && m >= 4096) {
         const int n = 4;
         const size_t bb = (size_t)n * k * es;
-        void *buf[2];
-        CUDA_OK(cudaMalloc(&buf[0], bb));
-        CUDA_OK(cudaMalloc(&buf[1], bb));
-        cudaStream_t cs;
-        CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-        uint8_t *res[2] = {(uint8_t *)malloc(bb), (uint8_t *)malloc(bb)};
-        for (int view = 0; view < 2; view++) {
-            for (int run = 0; run < 4; run++) {
-                const int pdl = run > 0;
-                nb_cuda_matmul_wq_set_pdl(pdl);
-                nb_cuda_matmul_wq_set_blocks_per_sm(run == 3 ? 1 : 0);
-                CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
-                CUDA_OK(cudaMemset(buf[1], 0xff, bb));
-                for (int step = 0; step < 8; step++)
-                    CHECK(nb_cuda_matmul_wq(buf[(step + 1) & 1], dt, buf[step & 1], dt, &dw,
-                                            view, NULL, bdt, n, m, k, NULL, 0, cs) == NB_OK);
-                CUDA_OK(cudaStreamSynchronize(cs));
-                CUDA_OK(cudaMemcpy(res[pdl], buf[0], bb, cudaMemcpyDeviceToHost));
-                if (pdl)
-                    CHECKF(memcmp(res[0], res[1], bb) == 0,
-                           "wq%d %s m=%d k=%d: an 8-call chain with PDL (run %d) differs from "
-                           "the chain without", view ? 8 : 4, nb_dtype_name(dt), m, k, run);
+        uint8_t *res0 = (uint8_t *)malloc(bb), *res = (uint8_t *)malloc(bb);
+        // bf16, both views, 8 calls (the values grow through the chain): the
+        // last run sizes the decode kernel's grid for one block per SM, so
+        // the next launch's blocks start beside every block of this one
+        // (otherwise only a large m leaves free slots).
+        for (int view = 0; dt == NB_DTYPE_BF16 && view < 2; view++) {
+            pdl_chain(res0, d_x, dt, view ? &dw : &dw4, view, n, m, k, 8, 0, 0, 0);
+            for (int run = 1; run < 4; run++) {
+                pdl_chain(res, d_x, dt, view ? &dw : &dw4, view, n, m, k, 8, 1, 0, run == 3 ? 1 : 0);
+                CHECKF(memcmp(res0, res, bb) == 0,
+                       "wq%d %s m=%d k=%d: an 8-call chain with PDL (run %d) differs from "
+                       "the chain without", view ? 8 : 4, nb_dtype_name(dt), m, k, run);
             }
         }
-        nb_cuda_matmul_wq_set_pdl(-1);
-        nb_cuda_matmul_wq_set_blocks_per_sm(0);
-        CUDA_OK(cudaStreamDestroy(cs));
-        cudaFree(buf[0]);
-        cudaFree(buf[1]);
-        free(res[0]);
-        free(res[1]);
-    }
-    // The same hazard for every f16 decode-kernel variant (4-bit view; the
-    // variants with room for more resident blocks than the grid is sized
-    // for put the next launch's blocks beside this one's): a 4-call chain
-    // with PDL against variant 0's chain without. Four calls keep f16 finite.
-    if (m == k && m >= 4096 && dt == NB_DTYPE_F16) {
-        const int n = 4, steps = 4;
-        const size_t bb = (size_t)n * k * es;
-        void *buf[2];
-        CUDA_OK(cudaMalloc(&buf[0], bb));
-        CUDA_OK(cudaMalloc(&buf[1], bb));
-        cudaStream_t cs;
-        CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-        uint16_t *res[2] = {(uint16_t *)malloc(bb), (uint16_t *)malloc(bb)};
-        const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
-        for (int run = 0; run < 1 + 2 * nv; run++) {
-            const int v = run == 0 ? 0 : (run - 1) / 2, bps = run == 0 ? 0 : ((run - 1) & 1) * 2;
-            nb_cuda_matmul_wq_set_pdl(run > 0);
-            nb_cuda_matmul_wq_set_gemv_variant(v);
-            nb_cuda_matmul_wq_set_blocks_per_sm(bps);
-            CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
-            CUDA_OK(cudaMemset(buf[1], 0xff, bb));
-            for (int step = 0; step < steps; step++)
-                CHECK(nb_cuda_matmul_wq(buf[(step + 1) & 1], dt, buf[step & 1], dt, &dw4, 0, NULL,
-                                        bdt, n, m, k, NULL, 0, cs) == NB_OK);
-            CUDA_OK(cudaStreamSynchronize(cs));
-            CUDA_OK(cudaMemcpy(res[run > 0], buf[0], bb, cudaMemcpyDeviceToHost));
-            if (run == 0) {
-                size_t fin = 0;
-                for (size_t e = 0; e < (size_t)n * k; e++) fin += (res[0][e] & 0x7c00) != 0x7c00;
-                CHECKF(fin == (size_t)n * k, "wq4 f16 chain: %zu of %zu values not finite",
-                       (size_t)n * k - fin, (size_t)n * k);
-            } else {
-                CHECKF(memcmp(res[0], res[1], bb) == 0,
-                       "wq4 f16 m=%d k=%d: a %d-call chain with PDL, variant %d, grid %d/SM, "
-                       "differs from variant 0's chain without", m, k, steps, v, bps);
-            }
+        // f16, 4-bit view, every decode-kernel variant at grids of all and 2
+        // blocks per SM (the variants with room for more resident blocks
+        // than the grid is sized for put the next launch's blocks beside
+        // this one's), against variant 0 without PDL. Four calls keep f16
+        // finite.
+        if (dt == NB_DTYPE_F16) {
+            pdl_chain(res0, d_x, dt, &dw4, 0, n, m, k, 4, 0, 0, 0);
+            const uint16_t *h0 = (const uint16_t *)res0;
+            size_t fin = 0;
+            for (size_t e = 0; e < (size_t)n * k; e++) fin += (h0[e] & 0x7c00) != 0x7c00;
+            CHECKF(fin == (size_t)n * k, "wq4 f16 chain: %zu of %zu values not finite",
+                   (size_t)n * k - fin, (size_t)n * k);
+            const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
+            for (int v = 0; v < nv; v++)
+                for (int bps = 0; bps <= 2; bps += 2) {
+                    pdl_chain(res, d_x, dt, &dw4, 0, n, m, k, 4, 1, v, bps);
+                    CHECKF(memcmp(res0, res, bb) == 0,
+                           "wq4 f16 m=%d k=%d: a 4-call chain with PDL, variant %d, grid %d/SM, "
+                           "differs from variant 0's chain without", m, k, v, bps);
+                }
         }
-        nb_cuda_matmul_wq_set_pdl(-1);
-        nb_cuda_matmul_wq_set_gemv_variant(0);
-        nb_cuda_matmul_wq_set_blocks_per_sm(0);
-        CUDA_OK(cudaStreamDestroy(cs));
-        cudaFree(buf[0]);
-        cudaFree(buf[1]);
-        free(res[0]);
-        free(res[1]);
+        free(res0);
+        free(res);
     }
 
     // Dequantize: bit for bit against the C twin rounded to dt.
