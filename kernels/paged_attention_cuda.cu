@@ -60,6 +60,7 @@ struct pa_kp {
     float *out, *ws_o, *ws_ml;
     int n_chunks, upc, max_rows;
     int inv; // row-invariant split (nb_pa_args.fixed_chunk_groups > 0): chunks of groups, always merged
+    int merge_rounds; // pa_merge_kernel: 1 forces its several-round path (tests: the same bits)
     pa_plan pl;
 };
 
@@ -564,27 +565,86 @@ __global__ void __launch_bounds__(NT) pa_chunk_kernel(const pa_kp P) {
 
 // Log-sum-exp merge of the chunks' partials: one CTA per (q head, row, seq).
 // The chunks are split between MNT/(D/4) thread groups (float4 columns of o
-// when D % 4 == 0), so a long sequence's 100+ partials are read in a few
-// rounds of independent loads; the groups are then summed through shared
-// memory in a fixed order (deterministic).
+// when D % 4 == 0); the groups are then summed through shared memory in a
+// fixed order (deterministic). Up to 8 chunks per group (64 at D = 128: the
+// engine's max_chunks) are loaded in one round, together with the values
+// the maximum needs; more take a few rounds of independent loads. Measured
+// on an H100 (docs/benchmarks.md, session 18): the merge after the decode
+// grid's end took 2.3-4.3 us with the rounds (a dependent load per chunk
+// and per maximum), 1.5-2.8 us in one round.
 constexpr int MNT = 256;
+#ifdef NB_PA_TRACE
+// Diagnostic builds: thread 0 of merge CTA i records %globaltimer at entry,
+// after griddepcontrol.wait and at its end in g_pa_mtrace[3i ..]; slot
+// 3 * MTRACE_MAX holds the time of nb_pa_trace_marker's kernel.
+constexpr int MTRACE_MAX = 4096;
+__device__ unsigned long long g_pa_mtrace[MTRACE_MAX * 3 + 1];
+__device__ __forceinline__ void mtrace(int k) {
+    const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (threadIdx.x == 0 && bl < MTRACE_MAX) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        g_pa_mtrace[bl * 3 + k] = t;
+    }
+}
+__global__ void pa_trace_marker_kernel() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_pa_mtrace[MTRACE_MAX * 3] = t;
+}
+#define MTRACE(k) mtrace(k)
+#else
+#define MTRACE(k) ((void)0)
+#endif
 __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
+    constexpr int MK = 8; // chunks per thread group held in registers (the one-round path)
     __shared__ float red[MNT * 4];
     __shared__ float wmax[MNT / 32];
     __shared__ float lgrp[MNT];
     const int h = blockIdx.x, r = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x;
     const nb_pa_seq S = P.seqs[seq];
     if (r >= S.n_rows) return;
+    MTRACE(0);
     // Launched as a programmatic dependent of the decode kernel (see
     // launch_merge): the partials are read only once that grid is complete.
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    const int D = P.pl.D;
+    MTRACE(1);
+    const int D = P.pl.D, n = P.n_chunks;
     const size_t stride = (size_t)P.max_rows * P.n_q_heads;
-    const size_t base = ((size_t)seq * P.n_chunks * P.max_rows + r) * P.n_q_heads + h;
+    const size_t base = ((size_t)seq * n * P.max_rows + r) * P.n_q_heads + h;
+    const int vec = (D % 4 == 0) ? 4 : 1, dv = D / vec;
+    const int ng = dv >= MNT ? 1 : MNT / dv;
+    // One round of loads when every group's chunks fit in registers (n <=
+    // ng * MK: 64 chunks at D = 128): each thread loads the (max, sum) of
+    // chunk tid for the maximum and, with it, the (max, sum) and float4 of o
+    // of its group's chunks, so no load waits for the maximum. Otherwise
+    // the maximum first, then the chunks in rounds. The same arithmetic in
+    // the same order either way (bit-identical results).
+    const bool one_round = !P.merge_rounds && vec == 4 && n <= ng * MK;
+    float2 mlv[MK];
+    float4 ov[MK];
     float mx = -INFINITY;
-    for (int c = tid; c < P.n_chunks; c += MNT) {
-        const size_t i = base + c * stride;
-        if (P.ws_ml[2 * i + 1] > 0.0f) mx = fmaxf(mx, P.ws_ml[2 * i]);
+    if (one_round) {
+        const int grp = tid / dv, d4 = tid % dv;
+        if (tid < n) {
+            const float2 m = *(const float2 *)(P.ws_ml + 2 * (base + tid * stride));
+            if (m.y > 0.0f) mx = m.x;
+        }
+#pragma unroll
+        for (int k = 0; k < MK; k++) {
+            const int c = grp + k * ng;
+            mlv[k] = make_float2(-INFINITY, 0.0f);
+            if (grp < ng && c < n) {
+                const size_t i = base + c * stride;
+                mlv[k] = *(const float2 *)(P.ws_ml + 2 * i);
+                ov[k] = *(const float4 *)(P.ws_o + i * D + 4 * d4);
+            }
+        }
+    } else {
+        for (int c = tid; c < n; c += MNT) {
+            const size_t i = base + c * stride;
+            if (P.ws_ml[2 * i + 1] > 0.0f) mx = fmaxf(mx, P.ws_ml[2 * i]);
+        }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -594,26 +654,39 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
 #pragma unroll
     for (int w = 1; w < MNT / 32; w++) mx = fmaxf(mx, wmax[w]);
 
-    const int vec = (D % 4 == 0) ? 4 : 1, dv = D / vec;
-    const int ng = dv >= MNT ? 1 : MNT / dv;
     float *out = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + h) * D;
     float lsum = 0.0f;
     if (vec == 4) { // D % 4 == 0: float4 columns
         const int grp = tid / dv, d4 = tid % dv;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (grp < ng) {
+            if (one_round) {
+#pragma unroll
+                for (int k = 0; k < MK; k++) {
+                    const float li = mlv[k].y;
+                    if (li > 0.0f) {
+                        const float f = exp2f(mlv[k].x - mx);
+                        o.x = fmaf(ov[k].x, f, o.x);
+                        o.y = fmaf(ov[k].y, f, o.y);
+                        o.z = fmaf(ov[k].z, f, o.z);
+                        o.w = fmaf(ov[k].w, f, o.w);
+                        lsum = fmaf(li, f, lsum);
+                    }
+                }
+            } else {
 #pragma unroll 4
-            for (int c = grp; c < P.n_chunks; c += ng) {
-                const size_t i = base + c * stride;
-                const float li = P.ws_ml[2 * i + 1];
-                if (li > 0.0f) {
-                    const float f = exp2f(P.ws_ml[2 * i] - mx);
-                    const float4 v = *(const float4 *)(P.ws_o + i * D + 4 * d4);
-                    o.x = fmaf(v.x, f, o.x);
-                    o.y = fmaf(v.y, f, o.y);
-                    o.z = fmaf(v.z, f, o.z);
-                    o.w = fmaf(v.w, f, o.w);
-                    lsum = fmaf(li, f, lsum);
+                for (int c = grp; c < n; c += ng) {
+                    const size_t i = base + c * stride;
+                    const float li = P.ws_ml[2 * i + 1];
+                    if (li > 0.0f) {
+                        const float f = exp2f(P.ws_ml[2 * i] - mx);
+                        const float4 v = *(const float4 *)(P.ws_o + i * D + 4 * d4);
+                        o.x = fmaf(v.x, f, o.x);
+                        o.y = fmaf(v.y, f, o.y);
+                        o.z = fmaf(v.z, f, o.z);
+                        o.w = fmaf(v.w, f, o.w);
+                        lsum = fmaf(li, f, lsum);
+                    }
                 }
             }
             *(float4 *)(red + 4 * (grp * dv + d4)) = o;
@@ -622,7 +695,7 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
     } else {
         for (int d = tid; d < D; d += MNT) {
             float o = 0.0f, l = 0.0f;
-            for (int c = 0; c < P.n_chunks; c++) {
+            for (int c = 0; c < n; c++) {
                 const size_t i = base + c * stride;
                 const float li = P.ws_ml[2 * i + 1];
                 if (li > 0.0f) {
@@ -644,18 +717,21 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
         for (int g2 = 0; g2 < ng; g2++) o += red[g2 * D + d];
         out[d] = o * inv;
     }
+    MTRACE(2);
 }
 
 // pa_merge_kernel on (q head, row, seq), launched with programmatic stream
 // serialization (unless NB_PA_PDL=0): its CTAs may be scheduled while the
 // decode kernel's last CTAs finish, and wait in griddepcontrol.wait. The
 // same bits either way.
-cudaError_t launch_merge(const pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+cudaError_t launch_merge(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     static int pdl = -1;
     if (pdl < 0) {
         const char *e = getenv("NB_PA_PDL");
         pdl = !(e && e[0] == '0');
     }
+    const char *mr = getenv("NB_PA_MERGE_ROUNDS"); // read per call (tests)
+    kp.merge_rounds = mr && mr[0] == '1';
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)a->n_q_heads, (unsigned)a->max_rows, (unsigned)a->n_seqs);
     cfg.blockDim = dim3(MNT);
@@ -1629,7 +1705,22 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
 // the last launch (see TC_TRACE), 5 words per CTA.
 extern "C" int nb_pa_trace_reset(void) {
     static unsigned long long zero[TC_TRACE_MAX * 5];
+    static_assert(MTRACE_MAX * 3 + 1 <= TC_TRACE_MAX * 5, "one zero buffer");
+    if (cudaMemcpyToSymbol(g_pa_mtrace, zero, sizeof(g_pa_mtrace)) != cudaSuccess) return -1;
     return cudaMemcpyToSymbol(g_pa_trace, zero, sizeof(zero)) == cudaSuccess ? 0 : -1;
+}
+// The merge kernel's CTAs (3 stamps each) and the marker, as g_pa_mtrace.
+extern "C" int nb_pa_trace_read_merge(unsigned long long *host, int n_ctas) {
+    if (n_ctas > MTRACE_MAX) n_ctas = MTRACE_MAX;
+    if (cudaMemcpyFromSymbol(host, g_pa_mtrace, sizeof(unsigned long long) * 3 * n_ctas) != cudaSuccess) return -1;
+    if (cudaMemcpyFromSymbol(host + 3 * n_ctas, g_pa_mtrace, sizeof(unsigned long long),
+                             sizeof(unsigned long long) * 3 * MTRACE_MAX) != cudaSuccess)
+        return -1;
+    return n_ctas;
+}
+extern "C" int nb_pa_trace_marker(cudaStream_t s) {
+    pa_trace_marker_kernel<<<1, 1, 0, s>>>();
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 extern "C" int nb_pa_trace_read(unsigned long long *host, int n_ctas) {
     if (n_ctas > TC_TRACE_MAX) n_ctas = TC_TRACE_MAX;

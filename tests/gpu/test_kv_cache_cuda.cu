@@ -281,6 +281,34 @@ static long cmp_vals(const float *ref, const float *x, size_t n, double *worst) 
     return bad;
 }
 
+static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const seq_case *cs, int n,
+                          int Hq, const float *q_h, float *out_h, int total_rows, int max_chunks,
+                          float scale);
+
+// The merge kernel's one-round path (partials held in registers) against its
+// several-round path (NB_PA_MERGE_ROUNDS=1): the same call must give the
+// same bits, within tolerance of the reference. Returns the number of
+// failures (0 or 1); calls without a merge compare trivially.
+static long check_merge_paths(const pools_hd *p, int layer, nb_pa_mode mode, const seq_case *cs, int n, int Hq,
+                              const float *q, const float *ref, int total_rows, int max_chunks, float scale,
+                              const char *what) {
+    const size_t qn = (size_t)total_rows * Hq * p->lay.head_dim;
+    float *o1 = (float *)malloc(qn * 4), *o2 = (float *)malloc(qn * 4);
+    nb_status s1 = run_cuda(p, layer, mode, cs, n, Hq, q, o1, total_rows, max_chunks, scale);
+    setenv("NB_PA_MERGE_ROUNDS", "1", 1);
+    nb_status s2 = run_cuda(p, layer, mode, cs, n, Hq, q, o2, total_rows, max_chunks, scale);
+    unsetenv("NB_PA_MERGE_ROUNDS");
+    const bool same = s1 == NB_OK && s2 == NB_OK && memcmp(o1, o2, qn * 4) == 0;
+    double w = 0.0;
+    const long off = cmp_vals(ref, o1, qn, &w);
+    if (!same || off)
+        printf("  %s: merge kernel paths %s, %ld values off the reference\n", what, same ? "equal" : "DIFFER",
+               off);
+    free(o1);
+    free(o2);
+    return !same || off;
+}
+
 // Runs the CUDA kernel on a batch of sequences over pools already on device.
 static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const seq_case *cs, int n,
                           int Hq, const float *q_h, float *out_h, int total_rows, int max_chunks,
@@ -474,6 +502,11 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
            st != NB_OK ? " (launch failed)" : "");
     if (bad) g_fail++;
 
+    const long mbad = check_merge_paths(&p, layer, mode, cs, n, Hq, q, ref, total_rows, max_chunks, scale, "batch");
+    if (mbad) printf("FAIL attention %s D=%d G=%d gqa=%d %s chunks<=%d (batch): merge kernel paths\n",
+                    nb_dtype_name(dt), D, G, ratio, mname, max_chunks);
+    g_fail += mbad != 0;
+
     // Row-invariant split: the batch as verify entries of <= 8/ratio rows
     // (within tolerance of the reference), then every row alone as a
     // target-only decode step would see it (one row, its own quantized-group
@@ -511,6 +544,12 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
                    dbad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, per, max_chunks,
                    tc_path ? "tensor cores" : "scalar", ne, dworst, sd != NB_OK ? " (launch failed)" : "");
             if (dbad) g_fail++;
+            if (check_merge_paths(&p, layer, mode, ent, ne, Hq, q, ref, total_rows, max_chunks, scale,
+                                  "decode entries")) {
+                printf("FAIL attention %s D=%d G=%d gqa=%d %s decode entries: merge kernel paths\n",
+                       nb_dtype_name(dt), D, G, ratio, mname);
+                g_fail++;
+            }
         }
         if (inv_groups <= 0) {
             g_atol = ATOL;
