@@ -82,6 +82,8 @@ __global__ void fill_float(float *p, size_t n, uint32_t seed) {
 
 // Reads n 16-byte words; the xor is stored only if it hits a magic value
 // (practically never), which keeps the loads.
+__global__ void empty_kernel() {}
+
 __global__ void read_flush(const uint4 *p, size_t n, uint32_t *sink) {
     uint32_t x = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -96,6 +98,8 @@ __global__ void read_flush(const uint4 *p, size_t n, uint32_t *sink) {
 // decode kernel's last launch (kernels/paged_attention_tc.cuh, TC_TRACE).
 extern "C" int nb_pa_trace_reset(void);
 extern "C" int nb_pa_trace_read(unsigned long long *host, int n_ctas);
+extern "C" int nb_pa_trace_read_merge(unsigned long long *host, int n_ctas);
+extern "C" int nb_pa_trace_marker(cudaStream_t s);
 static void trace_report(void) {
     static unsigned long long tr[8192 * 5];
     const int n = nb_pa_trace_read(tr, 8192);
@@ -122,6 +126,24 @@ static void trace_report(void) {
            "%.2f/%.2f/%.2f; loop end %.2f/%.2f/%.2f; CTA end %.2f/%.2f/%.2f\n",
            a.size(), q(a, 0), q(a, 0.5), q(a, 1), q(b, 0), q(b, 0.5), q(b, 1), q(c, 0), q(c, 0.5), q(c, 1),
            q(d, 0), q(d, 0.5), q(d, 1));
+    { // the marker kernel launched just before the call, the merge kernel's CTAs
+        static unsigned long long mt[4096 * 3 + 1];
+        const int nm = nb_pa_trace_read_merge(mt, 4096);
+        double dmax = 0.0;
+        for (double x : d) dmax = x > dmax ? x : dmax;
+        std::vector<double> me, mw, mx;
+        for (int i = 0; i < nm; i++) {
+            if (!mt[3 * i]) continue;
+            me.push_back(((double)mt[3 * i] - (double)t0) * 1e-3);
+            mw.push_back(((double)mt[3 * i + 1] - (double)t0) * 1e-3);
+            mx.push_back(((double)mt[3 * i + 2] - (double)t0) * 1e-3);
+        }
+        printf("  marker kernel at %.2f us; last CTA end %.2f", ((double)mt[3 * nm] - (double)t0) * 1e-3, dmax);
+        if (!me.empty())
+            printf("; merge: %zu CTAs, entry %.2f/%.2f/%.2f, after wait %.2f/%.2f/%.2f, end %.2f/%.2f/%.2f", me.size(),
+                   q(me, 0), q(me, 0.5), q(me, 1), q(mw, 0), q(mw, 0.5), q(mw, 1), q(mx, 0), q(mx, 0.5), q(mx, 1));
+        printf("\n");
+    }
     if (getenv("NB_BENCH_TRACE")[0] == '2') { // loop end per CTA: sm:us, in CTA order
         printf("  loop end by CTA (sm:us):");
         for (int i = 0; i < n; i++)
@@ -203,12 +225,34 @@ int main(int argc, char **argv) {
     CUDA_OK(cudaFree(cb));
 
     const int flush_kind = !strcmp(flush_mode, "read") ? 0 : !strcmp(flush_mode, "write") ? 1 : 2;
+
     const size_t flush_bytes = (size_t)prop.l2CacheSize * (flush_kind == 0 ? 4 : 2);
     void *flush;
     uint32_t *sink;
     CUDA_OK(cudaMalloc(&flush, flush_bytes));
     CUDA_OK(cudaMalloc(&sink, 4));
     CUDA_OK(cudaMemset(flush, 0x5A, flush_bytes));
+
+    // ---- the floor of a timed call: empty kernels of one CTA per SM (384
+    // threads) between the two events, one launch and two (a decode call
+    // with its merge kernel is two). Median of 50 after 5 warm-up. ----
+    double floor_us[2];
+    for (int nk = 1; nk <= 2; nk++) {
+        std::vector<float> ft;
+        for (int i = 0; i < 55; i++) {
+            // behind a flush kernel, as the timed calls below: the launches
+            // are queued before the GPU reaches e0 (no host time inside)
+            read_flush<<<prop.multiProcessorCount * 8, 512>>>((const uint4 *)flush, flush_bytes / 16, sink);
+            CUDA_OK(cudaEventRecord(e0));
+            for (int k = 0; k < nk; k++) empty_kernel<<<prop.multiProcessorCount, 384>>>();
+            CUDA_OK(cudaEventRecord(e1));
+            CUDA_OK(cudaEventSynchronize(e1));
+            float ms;
+            CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 5) ft.push_back(ms);
+        }
+        floor_us[nk - 1] = median(ft) * 1e3;
+    }
 
     // ---- pools sized for the largest case, one layer ----
     const int D = 128, G = 128, Hq = 32;
@@ -281,7 +325,7 @@ int main(int argc, char **argv) {
     printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s; split: %s", peak, flush_mode,
            split);
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
-    printf("\n\n");
+    printf("\nevent-timed floor: one empty kernel %.2f us, two in a row %.2f us\n\n", floor_us[0], floor_us[1]);
     printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     for (int mi = 0; mi < 2; mi++)
@@ -369,6 +413,9 @@ int main(int argc, char **argv) {
                             CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
                         }
                         CUDA_OK(cudaEventRecord(e0));
+#ifdef NB_PA_TRACE
+                        if (tracing && it == iters + 2) nb_pa_trace_marker(0);
+#endif
                         nb_status st = nb_pa_attention(&a, 0);
                         CUDA_OK(cudaEventRecord(e1));
                         if (st != NB_OK) {
