@@ -9,7 +9,9 @@
 // around the attention call only;
 // median of the timed iterations after warm-up. Bytes are what the kernel
 // must read/write: planes + scales + FP tokens + q + out. Peak bandwidth is
-// MEASURED in the same run by a device-to-device cudaMemcpy (read + write).
+// MEASURED in the same run by a device-to-device cudaMemcpy (read + write),
+// and so is the floor of a timed call (one and two empty kernels between
+// the events, behind a flush kernel as the real calls).
 // Prints a markdown table (compare_attention.py joins it with the SDPA one).
 //
 // usage: bench_attention_cuda [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]
@@ -80,10 +82,11 @@ __global__ void fill_float(float *p, size_t n, uint32_t seed) {
     }
 }
 
-// Reads n 16-byte words; the xor is stored only if it hits a magic value
-// (practically never), which keeps the loads.
+// The timed-call floor's kernel.
 __global__ void empty_kernel() {}
 
+// Reads n 16-byte words; the xor is stored only if it hits a magic value
+// (practically never), which keeps the loads.
 __global__ void read_flush(const uint4 *p, size_t n, uint32_t *sink) {
     uint32_t x = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -225,7 +228,6 @@ int main(int argc, char **argv) {
     CUDA_OK(cudaFree(cb));
 
     const int flush_kind = !strcmp(flush_mode, "read") ? 0 : !strcmp(flush_mode, "write") ? 1 : 2;
-
     const size_t flush_bytes = (size_t)prop.l2CacheSize * (flush_kind == 0 ? 4 : 2);
     void *flush;
     uint32_t *sink;
