@@ -495,16 +495,18 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
 //     stream starts while the previous kernel drains; x, the bias and the
 //     output are touched only after the wait.
 
-template <bool LOWER, int ST> struct Gv {
-    static constexpr int kU = 0;                    // uint4 [2][32]: upper plane bytes
-    static constexpr int kL = 1024;                 // uint4 [2][32]: lower plane bytes
-    static constexpr int kSZ = LOWER ? 2048 : 1024; // uint2 [8 g]: (sc(g), sc(g+8)), (z(g), z(g+8))
-    static constexpr int kSlot = kSZ + 64;
-    static constexpr int kRing = kSlot * ST * kWarps;  // ring bytes per block
+// Shared-memory layout of one ring slot: an item is R 16-row tiles x one
+// group of 128 weights.
+template <bool LOWER, int ST, int R> struct Gv {
+    static constexpr int kU = 0;                           // uint4 [R][2][32]: upper plane bytes
+    static constexpr int kL = R * 1024;                    // uint4 [R][2][32]: lower plane bytes
+    static constexpr int kSZ = (LOWER ? 2 : 1) * R * 1024; // [R] x uint2 [8 g]: (sc(g), sc(g+8)), (z(g), z(g+8))
+    static constexpr int kSlot = kSZ + 64 * R;
+    static constexpr int kRing = kSlot * ST * kWarps;      // ring bytes per block
 };
-// Dynamic shared memory of one launch: the ring, then xs[warp][j][8] f32.
-template <bool LOWER, int ST> size_t gv_smem_bytes(int cw_max) {
-    return (size_t)Gv<LOWER, ST>::kRing + (size_t)kWarps * cw_max * 8 * sizeof(float);
+// Dynamic shared memory of one launch: the ring, then xs[warp][j][NX][8] f32.
+template <bool LOWER, int ST, int R, int NX> size_t gv_smem_bytes(int cw_max) {
+    return (size_t)Gv<LOWER, ST, R>::kRing + (size_t)kWarps * cw_max * NX * 8 * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
@@ -527,16 +529,22 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 
 // Grid: see launch_gemv; block: kWarps warps; dynamic shared memory
 // gv_smem_bytes(cw_max). Needs sz 16-byte aligned, k % 128 == 0,
-// 1 <= p.n <= 8.
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1>
+// 1 <= p.n <= 8 * NX. An item is R consecutive 16-row tiles (a "row tile"
+// of 16R rows, ntiles of them) x one group; NX tiles of 8 x rows share
+// each item's A fragments (n > 8: NX = 2; R = 2 then halves the x
+// fragments loaded per weight byte). Every output gets the arithmetic of
+// the tile kernel whatever R and NX.
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX>
 __global__ void __launch_bounds__(kThreads, MINB)
     wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
+    static_assert(!X1 || NX == 1, "X1: one row of x");
     extern __shared__ __align__(16) unsigned char gv_smem[];
-    __shared__ float red[2][kWarps][8][16];
-    using L = Gv<LOWER, ST>;
+    __shared__ float red[2][kWarps][NX * 8][R * 16];
+    using L = Gv<LOWER, ST, R>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int ng = p.k / kGroup;
+    const int ntiles16 = (p.m + 15) / 16;
     const size_t rbytes = (size_t)p.k / 2;
     const int cw = warp < ng ? (ng - warp + kWarps - 1) / kWarps : 0;  // groups per tile
     WQ_TRACE_SEQ;
@@ -545,26 +553,31 @@ __global__ void __launch_bounds__(kThreads, MINB)
                              ? (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x
                              : 0;
     const uint32_t ring = smem_addr(gv_smem) + warp * (L::kSlot * ST);
-    float *xs_s = reinterpret_cast<float *>(gv_smem + L::kRing) + (size_t)warp * cw_max * 8;
+    float *xs_s = reinterpret_cast<float *>(gv_smem + L::kRing) + (size_t)warp * cw_max * NX * 8;
 
-    // The prefetch cursor: tile pf_tl (of this block's), group index pf_j,
-    // slot pf_s; per-tile bases for this lane's copies.
+    // The prefetch cursor: row tile pf_tl (of this block's), group index
+    // pf_j, slot pf_s; per-tile bases for this lane's copies.
     int pf_tl = 0, pf_j = 0, pf_s = 0;
-    const uint8_t *bu[2] = {nullptr, nullptr}, *bl[2] = {nullptr, nullptr};
-    const uint16_t *bsz = nullptr;  // lanes 0..3: their 16 bytes of the tile's group `warp` sz
-    bool okh[2] = {false, false};
+    const uint8_t *bu[R][2], *bl[R][2];
+    const uint16_t *bsz = nullptr;  // lanes 0..4R-1: their 16 bytes of tile lane/4's group `warp` sz
+    bool okh[R][2], oksz = false;
     auto setup = [&](int tl) {
-        const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
+        const int rt = (int)blockIdx.x + tl * (int)gridDim.x;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = tile * 16 + g + 8 * h;
-            okh[h] = row < p.m;
-            const size_t rr = okh[h] ? (size_t)row : 0;
-            bu[h] = p.upper + rr * rbytes + (size_t)warp * 64 + t * 16;
-            if (LOWER) bl[h] = p.lower + rr * rbytes + (size_t)warp * 64 + t * 16;
-        }
-        // An item's scales and zeros are 64 contiguous bytes; lanes 0..3 copy them.
-        bsz = p.sz + ((size_t)tile * ng + warp) * 32 + (lane & 3) * 8;
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = (rt * R + r) * 16 + g + 8 * h;
+                okh[r][h] = row < p.m;
+                const size_t rr = okh[r][h] ? (size_t)row : 0;
+                bu[r][h] = p.upper + rr * rbytes + (size_t)warp * 64 + t * 16;
+                bl[r][h] = LOWER ? p.lower + rr * rbytes + (size_t)warp * 64 + t * 16 : nullptr;
+            }
+        // An item's scales and zeros are 64 contiguous bytes per 16-row
+        // tile; lanes 4r..4r+3 copy tile r's (zeros past the last tile).
+        const int tile = rt * R + (lane >> 2);
+        oksz = lane < 4 * R && tile < ntiles16;
+        bsz = p.sz + ((size_t)(oksz ? tile : 0) * ng + warp) * 32 + (lane & 3) * 8;
     };
     // NOTE: the next kernel (when launched with the PDL attribute) may be
     // scheduled once every warp of every block has either triggered or
@@ -578,11 +591,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
             const uint32_t s = ring + pf_s * L::kSlot;
             const size_t off = (size_t)pf_j * (kWarps * 64);
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                cp16z(s + L::kU + (h * 32 + lane) * 16, bu[h] + off, okh[h]);
-                if (LOWER) cp16z(s + L::kL + (h * 32 + lane) * 16, bl[h] + off, okh[h]);
-            }
-            cp16z(s + L::kSZ + (lane & 3) * 16, bsz + (size_t)pf_j * (kWarps * 32), lane < 4);
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    cp16z(s + L::kU + ((r * 2 + h) * 32 + lane) * 16, bu[r][h] + off, okh[r][h]);
+                    if (LOWER) cp16z(s + L::kL + ((r * 2 + h) * 32 + lane) * 16, bl[r][h] + off, okh[r][h]);
+                }
+            if (lane < 4 * R)
+                cp16z(s + L::kSZ + (lane >> 2) * 64 + (lane & 3) * 16, bsz + (size_t)pf_j * (kWarps * 32),
+                      oksz);
             pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
             if (++pf_j == cw) {
                 pf_j = 0;
@@ -602,86 +619,116 @@ __global__ void __launch_bounds__(kThreads, MINB)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     WQ_TRACE(2);
 
-    const bool xok = g < p.n;
-    const uint8_t *xb =
-        static_cast<const uint8_t *>(p.x) + (size_t)(xok ? g : 0) * p.k * 2 + t * 64;
+    bool xok[NX];
+    const uint8_t *xb[NX];
+#pragma unroll
+    for (int nx = 0; nx < NX; nx++) {
+        xok[nx] = g + 8 * nx < p.n;
+        xb[nx] = static_cast<const uint8_t *>(p.x) + (size_t)(xok[nx] ? g + 8 * nx : 0) * p.k * 2 + t * 64;
+    }
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    // b[w][0..3]: the B fragments of x for word w of this lane's 16 bytes.
-    auto load_b = [&](int grp, uint32_t (&b)[4][4]) {
+    // b[w][nx][0..3]: the B fragments of x tile nx for word w of this lane's 16 bytes.
+    auto load_b = [&](int grp, uint32_t (&b)[4][NX][4]) {
 #pragma unroll
         for (int w = 0; w < 4; w++)
-            x_frags(xok ? __ldg(reinterpret_cast<const uint4 *>(xb + (size_t)grp * (kGroup * 2) + w * 16))
-                        : z4,
-                    b[w]);
+#pragma unroll
+            for (int nx = 0; nx < NX; nx++)
+                x_frags(xok[nx] ? __ldg(reinterpret_cast<const uint4 *>(xb[nx] + (size_t)grp * (kGroup * 2) +
+                                                                         w * 16))
+                                : z4,
+                        b[w][nx]);
     };
     int cs = 0;  // the slot consumed next
     for (int tl = 0; tl < my_tiles; tl++) {
-        const int tile = (int)blockIdx.x + tl * (int)gridDim.x;
-        float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int rt = (int)blockIdx.x + tl * (int)gridDim.x;
+        float tot[R][NX][4];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) tot[r][nx][i] = 0.0f;
         // N consecutive items at once (two independent mma chains and one
         // exposed x-load latency per pair); the per-item arithmetic and the
         // order of the tot updates are those of one item at a time.
         const bool first = tl == 0;
         auto step = [&](auto n_items, int j) {
             constexpr int N = decltype(n_items)::value;
-            uint32_t b[N][4][4];
+            uint32_t b[N][4][NX][4];
 #pragma unroll
             for (int u = 0; u < N; u++) load_b(warp + (j + u) * kWarps, b[u]);
             cp_wait<ST - N>();
-            __syncwarp();  // the item's scales and zeros were copied by lanes 0..3
-            float acc[N][4], acc16[N][4], sc[N][2], zc[N][2], xs[N][4];
+            __syncwarp();  // the item's scales and zeros were copied by lanes 0..4R-1
+            float acc[N][R][NX][4], acc16[N][R][NX][4], sc[N][R][2], zc[N][R][2], xs[N][NX][4];
             if (first) {
                 // The group sums: the tile kernel's mma, in its order, on the
                 // fragments loaded for the items anyway (no pass of their
                 // own before the first item); kept for the later tiles.
 #pragma unroll
-                for (int u = 0; u < N; u++) {
+                for (int u = 0; u < N; u++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) xs[u][i] = 0.0f;
+                    for (int nx = 0; nx < NX; nx++) {
 #pragma unroll
-                    for (int w = 0; w < 4; w++) x_sum<XT, LOWER>(xs[u], b[u][w]);
-                    if (g == 0 && my_tiles > 1) {
-                        xs_s[(j + u) * 8 + 2 * t] = xs[u][0];
-                        xs_s[(j + u) * 8 + 2 * t + 1] = xs[u][1];
+                        for (int i = 0; i < 4; i++) xs[u][nx][i] = 0.0f;
+#pragma unroll
+                        for (int w = 0; w < 4; w++) x_sum<XT, LOWER>(xs[u][nx], b[u][w][nx]);
+                        if (g == 0 && my_tiles > 1) {
+                            xs_s[((j + u) * NX + nx) * 8 + 2 * t] = xs[u][nx][0];
+                            xs_s[((j + u) * NX + nx) * 8 + 2 * t + 1] = xs[u][nx][1];
+                        }
                     }
-                }
             }
-            uint4 qu[N][2], ql[N][2];
+            uint4 qu[N][R][2], ql[N][R][2];
 #pragma unroll
             for (int u = 0; u < N; u++) {
                 const int slot = cs + u < ST ? cs + u : cs + u - ST;
                 const unsigned char *s = gv_smem + (warp * (L::kSlot * ST) + slot * L::kSlot);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    qu[u][h] = *reinterpret_cast<const uint4 *>(s + L::kU + (h * 32 + lane) * 16);
-                    if (LOWER)
-                        ql[u][h] = *reinterpret_cast<const uint4 *>(s + L::kL + (h * 32 + lane) * 16);
-                }
-                const uint2 szw = *reinterpret_cast<const uint2 *>(s + L::kSZ + g * 8);
-                if (!first) {
-                    const float2 xsv = *reinterpret_cast<const float2 *>(xs_s + (j + u) * 8 + 2 * t);
-                    xs[u][0] = xs[u][2] = xsv.x;
-                    xs[u][1] = xs[u][3] = xsv.y;
-                }
-                sc[u][0] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)szw.x));
-                sc[u][1] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.x >> 16)));
-                zc[u][0] = f16_bits_to_f32((uint16_t)szw.y);
-                zc[u][1] = f16_bits_to_f32((uint16_t)(szw.y >> 16));
+                for (int r = 0; r < R; r++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[u][i] = acc16[u][i] = 0.0f;
+                    for (int h = 0; h < 2; h++) {
+                        qu[u][r][h] = *reinterpret_cast<const uint4 *>(s + L::kU + ((r * 2 + h) * 32 + lane) * 16);
+                        if (LOWER)
+                            ql[u][r][h] =
+                                *reinterpret_cast<const uint4 *>(s + L::kL + ((r * 2 + h) * 32 + lane) * 16);
+                    }
+                    const uint2 szw = *reinterpret_cast<const uint2 *>(s + L::kSZ + r * 64 + g * 8);
+                    sc[u][r][0] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)szw.x));
+                    sc[u][r][1] = sc_view<XT, LOWER>(f16_bits_to_f32((uint16_t)(szw.x >> 16)));
+                    zc[u][r][0] = f16_bits_to_f32((uint16_t)szw.y);
+                    zc[u][r][1] = f16_bits_to_f32((uint16_t)(szw.y >> 16));
+#pragma unroll
+                    for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[u][r][nx][i] = acc16[u][r][nx][i] = 0.0f;
+                }
+                if (!first) {
+#pragma unroll
+                    for (int nx = 0; nx < NX; nx++) {
+                        const float2 xsv = *reinterpret_cast<const float2 *>(xs_s + ((j + u) * NX + nx) * 8 + 2 * t);
+                        xs[u][nx][0] = xs[u][nx][2] = xsv.x;
+                        xs[u][nx][1] = xs[u][nx][3] = xsv.y;
+                    }
+                }
             }
 #pragma unroll
             for (int w = 0; w < 4; w++)
 #pragma unroll
                 for (int u = 0; u < N; u++)
-                    word_mma<XT, LOWER, 1>(&acc[u], &acc16[u], word(qu[u][0], w), word(qu[u][1], w),
-                                           LOWER ? word(ql[u][0], w) : 0u,
-                                           LOWER ? word(ql[u][1], w) : 0u, &b[u][w]);
 #pragma unroll
-            for (int u = 0; u < N; u++) {
-                group_dot<XT, LOWER, X1>(acc[u], acc16[u]);
-                fold_group<X1>(tot, sc[u], zc[u], acc[u], xs[u]);
-            }
+                    for (int r = 0; r < R; r++)
+                        word_mma<XT, LOWER, NX>(acc[u][r], acc16[u][r], word(qu[u][r][0], w),
+                                                word(qu[u][r][1], w), LOWER ? word(ql[u][r][0], w) : 0u,
+                                                LOWER ? word(ql[u][r][1], w) : 0u, b[u][w]);
+#pragma unroll
+            for (int u = 0; u < N; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int nx = 0; nx < NX; nx++) {
+                        group_dot<XT, LOWER, X1>(acc[u][r][nx], acc16[u][r][nx]);
+                        fold_group<X1>(tot[r][nx], sc[u][r], zc[u][r], acc[u][r][nx], xs[u][nx]);
+                    }
             __syncwarp();  // every lane has read the slots before they are refilled
 #pragma unroll
             for (int u = 0; u < N; u++) issue();
@@ -693,17 +740,23 @@ __global__ void __launch_bounds__(kThreads, MINB)
             for (; j + 2 <= cw; j += 2) step(std::integral_constant<int, 2>{}, j);
         for (; j < cw; j++) step(std::integral_constant<int, 1>{}, j);
         WQ_TRACE(4);
-        // tot[i]: weight row g + 8*(i/2) of the tile, x row 2t + i%2.
-        float (*rb)[8][16] = red[tl & 1];
+        // tot[r][nx][i]: weight row g + 8*(i/2) of tile r, x row 8nx + 2t + i%2.
+        float (*rb)[NX * 8][R * 16] = red[tl & 1];
 #pragma unroll
-        for (int i = 0; i < 4; i++) rb[warp][2 * t + (i & 1)][g + (i >> 1) * 8] = tile_out<XT, LOWER>(tot[i]);
-        // NOTE: one barrier per tile: red is double-buffered, and a buffer is
-        // rewritten two tiles later, after every reader has passed the
-        // barrier in between.
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    rb[warp][nx * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] =
+                        tile_out<XT, LOWER>(tot[r][nx][i]);
+        // NOTE: one barrier per row tile: red is double-buffered, and a
+        // buffer is rewritten two row tiles later, after every reader has
+        // passed the barrier in between.
         __syncthreads();
-        if (threadIdx.x < 8 * 16) {
-            const int xc = threadIdx.x / 16, rl = threadIdx.x % 16;
-            const int row = tile * 16 + rl;
+        for (int idx = threadIdx.x; idx < NX * 8 * R * 16; idx += kThreads) {
+            const int xc = idx / (R * 16), rl = idx % (R * 16);
+            const int row = rt * R * 16 + rl;
             if (row < p.m && xc < p.n) {
                 float v = rb[0][xc][rl];
 #pragma unroll
@@ -819,32 +872,49 @@ bool pdl_on() {
 
 // The decode kernel's variants: ring depth in items (the 8-bit view always
 // 4 items of 2 KB), blocks per SM the registers are budgeted for (launch
-// bounds), items per step. Same bits for every variant (the same per-item
-// arithmetic in the same order). Variant 0 is the built-in choice (8, 2, 2;
-// on an H100 the others were 5-35% slower at the Llama shapes at n = 1, and
-// at n = 4 all but one cell (the 6-item ring, 1.5% faster at 4096x4096);
-// 4 blocks of 64 registers spill: docs/benchmarks.md, session 17); the
-// others are for the benchmark's sweep (nb_cuda_matmul_wq_set_gemv_variant),
-// f16 4-bit only.
+// bounds), items per step, and R, the 16-row tiles per item (2: half the
+// x fragments per weight byte). Same bits for every variant (the same
+// per-item arithmetic in the same order). Built in (gemv_builtin; f16 4-bit
+// only, the others always take variant 0): variant 0 (8, 2, 2, 1) up to 4
+// rows of x (on an H100 variants 1 and 2 were 5-35% slower at the Llama
+// shapes at n = 1, and at n = 4 all but one cell; 4 blocks of 64 registers
+// spill: docs/benchmarks.md, session 17); from 5 rows, where the x
+// fragments (one per row of x and weight tile) cost more, R = 2 (variants 3
+// and 4, session 19: at n = 8 4096x4096 6.91 -> 6.18 us, 14336x4096 18.18 ->
+// 14.56, 4096x14336 17.57 -> 15.73; at n = 4 mixed, 4096x14336 2% slower).
 struct GvVar {
-    int st, minb, ns;
+    int st, minb, ns, r;
 };
-constexpr GvVar kGvVars[] = {{8, 2, 2}, {8, 2, 1}, {6, 3, 1}};
+constexpr GvVar kGvVars[] = {{8, 2, 2, 1}, {8, 2, 1, 1}, {6, 3, 1, 1}, {4, 2, 1, 2}, {4, 1, 2, 2}};
 constexpr int kGvNVar = (int)(sizeof kGvVars / sizeof kGvVars[0]);
-int g_gemv_var = 0;
-
-template <typename XT, bool LOWER, int V, bool X1>
-constexpr auto gv_fn() {
-    return wq_gemv_kernel<XT, LOWER, LOWER ? 4 : kGvVars[V].st, kGvVars[V].minb,
-                          kGvVars[V].ns, X1>;
-}
+int g_gemv_var = -1; // -1: the built-in choice (gemv_builtin)
+// The decode kernel for 9 <= n <= 16 (two x tiles, NX = 2): 16-row tiles
+// per item (R), ring depth in items for the 4-bit and the 8-bit view
+// (about the bytes in flight of n <= 8), register budget in blocks per SM;
+// one item per step. All give the same bits. Built in (measured on an
+// H100 at n = 9 and 16, docs/benchmarks.md, session 19): variant 0 (R = 2:
+// half the x fragments per weight byte of R = 1; ~150-180 registers, one
+// block per SM), except for the 4-bit view when one block per SM would
+// leave more than a tenth of the SMs idle (14336x4096: 448 row tiles, 4 per
+// block, 112 blocks): variant 1 (two blocks per SM at 128 registers; 4 bytes
+// of spill in the 4-bit view, 312 in the 8-bit view, which stays on 0).
+// At n = 16, us: 4096x4096 8-bit 11.3 / 14.2 / 12.3 / 13.3 for variants
+// 0-3, 4-bit 8.0 / 9.8 / 7.9 / 9.5; 14336x4096 8-bit 35.7 / 36.7 / 37.5 /
+// 37.3, 4-bit 23.2 / 20.0 / 23.5 / 29.1; 4096x14336 8-bit 32.4 / 44.6 / 33.8
+// / 34.4, 4-bit 21.9 / 24.4 / 21.6 / 26.7.
+struct Gv2Var {
+    int r, st4, st8, minb;
+};
+constexpr Gv2Var kGv2Vars[] = {{2, 4, 2, 1}, {2, 4, 2, 2}, {2, 6, 3, 1}, {1, 8, 4, 1}};
+constexpr int kGv2NVar = (int)(sizeof kGv2Vars / sizeof kGv2Vars[0]);
+int g_gemv2_var = -1; // -1: the built-in choice (gemv2_builtin)
 
 // Resident blocks per SM of one decode-kernel instantiation (fn, numbered
 // id < kGvIds) on the current device, for the dynamic shared memory of a
 // size class (the group sums' area grows with k; classes are powers of two
 // of groups per warp, 4 to 256), and the SM count; computed once per
 // device, kernel and class. Returns 0 and sets *err on a CUDA error.
-constexpr int kGvIds = 8 * kGvNVar;
+constexpr int kGvIds = 8 * kGvNVar + 4 * kGv2NVar;
 int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, int *sms_out,
                 cudaError_t *err) {
     constexpr int kMaxDev = 64, kClasses = 7;
@@ -878,25 +948,25 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
     return per_sm;
 }
 
+// One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
-template <typename XT, bool LOWER, int V, bool X1>
-cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
-    constexpr int ST = LOWER ? 4 : kGvVars[V].st;
-    constexpr int kClasses = 7;
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX>
+cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
+    // Size classes up to k = 256k (NX = 1) or 64k (NX = 2: twice the group
+    // sums per group, and a larger static reduction area); see kGemvMaxK.
+    constexpr int kClasses = NX == 1 ? 7 : 5;
     const int ng = p.k / kGroup;
     int cw_max = 4, cls = 0;  // the size class: cw_max rounded up to 4 * 2^cls
     while (cw_max < (ng + kWarps - 1) / kWarps) {
         cw_max *= 2;
         cls++;
     }
-    const size_t smem = gv_smem_bytes<LOWER, ST>(cw_max);
-    constexpr auto kern = gv_fn<XT, LOWER, V, X1>();
+    const size_t smem = gv_smem_bytes<LOWER, ST, R, NX>(cw_max);
+    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX>;
     const void *fn = reinterpret_cast<const void *>(kern);
-    const int id =
-        V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
     cudaError_t err;
     int sms = 1;
-    const int per_sm = gemv_per_sm(fn, id, gv_smem_bytes<LOWER, ST>(4 << (kClasses - 1)), cls,
+    const int per_sm = gemv_per_sm(fn, id, gv_smem_bytes<LOWER, ST, R, NX>(4 << (kClasses - 1)), cls,
                                    smem, &sms, &err);
     if (err != cudaSuccess) return err;
     // NOTE: every resident slot (2 blocks per SM). One per SM leaves the
@@ -906,7 +976,7 @@ cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     // 24.1 vs 17.6 us; docs/benchmarks.md, session 11).
     const int bps = g_gemv_bps > 0 && g_gemv_bps < per_sm ? g_gemv_bps : per_sm;
     const int resident = bps * sms;
-    const int ntiles = (p.m + 15) / 16;
+    const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((ntiles + per_block - 1) / per_block));
@@ -921,12 +991,66 @@ cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     return cudaLaunchKernelEx(&cfg, kern, p, ntiles, cw_max);
 }
 
+template <typename XT, bool LOWER, int V, bool X1>
+cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
+    constexpr GvVar v = kGvVars[V];
+    const int id = V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
+    return launch_gemv_k<XT, LOWER, LOWER ? 4 : v.st, v.minb, v.ns, X1, v.r, 1>(p, id, stream);
+}
+
+template <typename XT, bool LOWER, int V>
+cudaError_t launch_gemv2_v(const WqParams &p, cudaStream_t stream) {
+    constexpr Gv2Var v = kGv2Vars[V];
+    const int id = 8 * kGvNVar + V * 4 + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
+    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2>(p, id, stream);
+}
+
+// Does a grid of one block per SM, each walking whole 32-row tiles, keep
+// at least 90% of the SMs busy for m weight rows?
+bool r2_one_per_sm_fills(int m, cudaError_t *err) {
+    constexpr int kMaxDev = 64;
+    static int sms_of[kMaxDev];
+    int dev = 0, sms = 0;
+    if ((*err = cudaGetDevice(&dev)) != cudaSuccess) return 0;
+    if (dev >= 0 && dev < kMaxDev && sms_of[dev] > 0) {
+        sms = sms_of[dev];
+    } else {
+        if ((*err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return 0;
+        if (dev >= 0 && dev < kMaxDev) sms_of[dev] = sms;
+    }
+    const long rt = ((m + 15) / 16 + 1) / 2, per_block = (rt + sms - 1) / sms;
+    const long grid = (rt + per_block - 1) / per_block;
+    return grid * 10 >= (long)sms * 9;
+}
+// The built-in two-x-tile variant (see kGv2Vars): 0, or 1 for the 4-bit
+// view when one block per SM would leave > 10% of the SMs idle.
+int gemv2_builtin(bool lower, int m, cudaError_t *err) {
+    if (lower) return 0;
+    const bool fills = r2_one_per_sm_fills(m, err);
+    return fills ? 0 : 1;
+}
+// The built-in variant for n <= 8, f16 4-bit view (see kGvVars): 0 below
+// kGemvR2MinN rows; from there 32-row items (the x fragments per weight
+// byte halved), one block per SM (4) unless that leaves > 10% of the SMs
+// idle (3, two blocks per SM).
+constexpr int kGemvR2MinN = 5;
+int gemv_builtin(int n, int m, cudaError_t *err) {
+    if (n < kGemvR2MinN) return 0;
+    const bool fills = r2_one_per_sm_fills(m, err);
+    return fills ? 4 : 3;
+}
+
 template <typename XT, bool LOWER, bool X1>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     if constexpr (!LOWER && std::is_same<XT, __half>::value) {
-        switch (g_gemv_var) {
+        cudaError_t err = cudaSuccess;
+        const int v = g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(p.n, p.m, &err);
+        if (err != cudaSuccess) return err;
+        switch (v) {
         case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
         case 2: return launch_gemv_v<XT, LOWER, 2, X1>(p, stream);
+        case 3: return launch_gemv_v<XT, LOWER, 3, X1>(p, stream);
+        case 4: return launch_gemv_v<XT, LOWER, 4, X1>(p, stream);
         default: break;
         }
     }
@@ -934,6 +1058,17 @@ cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
 }
 
 template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+    if (p.n > 8) {
+        cudaError_t err = cudaSuccess;
+        const int v = g_gemv2_var >= 0 ? g_gemv2_var : gemv2_builtin(LOWER, p.m, &err);
+        if (err != cudaSuccess) return err;
+        switch (v) {
+        case 1: return launch_gemv2_v<XT, LOWER, 1>(p, stream);
+        case 2: return launch_gemv2_v<XT, LOWER, 2>(p, stream);
+        case 3: return launch_gemv2_v<XT, LOWER, 3>(p, stream);
+        default: return launch_gemv2_v<XT, LOWER, 0>(p, stream);
+        }
+    }
     return p.n == 1 ? launch_gemv_x<XT, LOWER, true>(p, stream)
                     : launch_gemv_x<XT, LOWER, false>(p, stream);
 }
@@ -1029,8 +1164,13 @@ extern "C" nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale, con
 extern "C" void nb_cuda_matmul_wq_set_blocks_per_sm(int bps) { g_gemv_bps = bps > 0 ? bps : 0; }
 
 extern "C" int nb_cuda_matmul_wq_set_gemv_variant(int v) {
-    g_gemv_var = v >= 0 && v < kGvNVar ? v : 0;
+    g_gemv_var = v >= 0 && v < kGvNVar ? v : -1;
     return kGvNVar;
+}
+
+extern "C" int nb_cuda_matmul_wq_set_gemv16_variant(int v) {
+    g_gemv2_var = v >= 0 && v < kGv2NVar ? v : -1;
+    return kGv2NVar;
 }
 
 extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x, nb_dtype x_dt,
@@ -1065,14 +1205,15 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     const bool fast = gs == kGroup && aligned16(x) && aligned16(w->upper) &&
                       (!use_lower || aligned16(w->lower)) && ((uintptr_t)w->sz & 7u) == 0;
     const bool sz16 = aligned16(w->sz);  // the decode kernel copies an item's sz in 16-byte parts
-    // NOTE: k <= 256k keeps the decode kernel's shared memory (the group sums
-    // grow with k) far inside the limit; no model comes near it.
+    // NOTE: k <= 256k (n <= 8) and 64k (9..16) keep the decode kernel's
+    // shared memory (the group sums grow with k) inside the limit; no model
+    // comes near them.
     // NOTE: the 8-bit view of a matrix of <= 16M weights is faster on the
     // tile kernel (4096 x 4096 on an H100: 10.1 vs 11.8 us), larger ones on
     // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
     // The choice depends on the matrix only, never on n <= 8 rows.
-    const bool decode_kernel = !use_lower || (size_t)m * k > ((size_t)16 << 20);
-    if (fast && n <= 8 && k <= 262144 && decode_kernel && sz16 && gemv_on()) {
+    const bool decode_kernel = !use_lower || n > 8 || (size_t)m * k > ((size_t)16 << 20);
+    if (fast && n <= 16 && k <= (n <= 8 ? 262144 : 65536) && decode_kernel && sz16 && gemv_on()) {
         const cudaError_t e = x_dt == NB_DTYPE_F16
                                   ? (use_lower ? launch_gemv<__half, true>(p, stream)
                                                : launch_gemv<__half, false>(p, stream))

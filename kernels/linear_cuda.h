@@ -90,10 +90,11 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 //
 // k % 128 == 0 with 16-byte aligned x and planes and 8-byte aligned sz
 // takes the tensor-core path; other supported k (32, 64, 96) or alignments
-// take a simple scalar kernel. On that path n <= 8 with 16-byte aligned sz
+// take a simple scalar kernel. On that path n <= 16 with 16-byte aligned sz
 // runs the streaming decode kernel (persistent blocks, a cp.async
-// ring per warp, see set_pdl below; the 8-bit view only for matrices of
-// more than 16M weights); it computes each output with the same operations
+// ring per warp, see set_pdl below; from n = 9 each item's weights meet two
+// tiles of 8 rows of x; at n <= 8 the 8-bit view only for matrices of more
+// than 16M weights; k <= 64k from n = 9); it computes each output with the same operations
 // in the same order as the tile kernel that takes the other calls, so a
 // row's result does not depend on n. The w struct itself is a host struct
 // holding device pointers (read on the host at launch). workspace may be NULL when
@@ -113,7 +114,7 @@ nb_status nb_cuda_matmul_wq(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
 // choice. Not thread safe; affects later launches of this process.
 void nb_cuda_matmul_wq_set_tile_rows(int rows);
 
-// Programmatic dependent launch for the decode kernel (n <= 8): on (1, the
+// Programmatic dependent launch for the decode kernel (n <= 16): on (1, the
 // default, or NB_WQ_PDL unset / not "0" in the environment) launches it with
 // cudaLaunchAttributeProgrammaticStreamSerialization, so it may start
 // streaming its weights while the kernel before it in the stream finishes;
@@ -122,7 +123,7 @@ void nb_cuda_matmul_wq_set_tile_rows(int rows);
 // it off; -1 goes back to the environment. For benchmarks; not thread safe.
 void nb_cuda_matmul_wq_set_pdl(int on);
 
-// The streaming decode kernel for n <= 8: on (1, the default, or NB_WQ_GEMV
+// The streaming decode kernel for n <= 16: on (1, the default, or NB_WQ_GEMV
 // unset / not "0") or off (0: the tile kernel takes every n; same bits);
 // -1 goes back to the environment. For benchmarks and tests; not thread safe.
 void nb_cuda_matmul_wq_set_decode_kernel(int on);
@@ -133,11 +134,19 @@ void nb_cuda_matmul_wq_set_decode_kernel(int on);
 void nb_cuda_matmul_wq_set_blocks_per_sm(int bps);
 
 // The decode kernel's variant for f16 activations and the 4-bit view (ring
-// depth, register budget, items per step; see kGvVars in linear_cuda.cu): 0
-// (the built-in choice) to count - 1; out of range means 0. Returns the
-// count. Same bits for every variant. For benchmarks and tests; not thread
-// safe.
+// depth, register budget, items per step, tiles per item; see kGvVars in
+// linear_cuda.cu): force 0 to count - 1; any other v restores the built-in
+// choice (which depends on n and the shape). Returns the count. Same bits
+// for every variant. For benchmarks and tests; not thread safe.
 int nb_cuda_matmul_wq_set_gemv_variant(int v);
+
+// The decode kernel's two-x-tile form (9 <= n <= 16, both views, f16 and
+// bf16 activations): force variant v (0 to count - 1: 16-row tiles per
+// item, ring depth, register budget; kGv2Vars in linear_cuda.cu); any other
+// v restores the built-in choice, which depends on the view and the shape.
+// Returns the count; same bits for every variant. For benchmarks and tests;
+// not thread safe.
+int nb_cuda_matmul_wq_set_gemv16_variant(int v);
 
 // out[j][t] = the chosen view of W (as nb_wq_dequantize: U*s + z, or
 // C8*(s/16) + z, in f32) rounded to dt (f16 or bf16), for the prefill path.

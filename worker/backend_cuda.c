@@ -522,7 +522,8 @@ static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_
 // padded to the full slice (cuBLAS picks its algorithm by shape), quantized
 // ones take their exact rows: nb_cuda_matmul_wq gives a row the same bits
 // whatever the row count (tests/gpu/test_linear_cuda.cu checks it), and a
-// decode step of 1-8 rows then streams the weights with the decode kernel.
+// slice of 1-16 rows (a decode step, a verify of up to 16 rows) streams the
+// weights with the decode kernel.
 static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const void *xq, int n,
                          const dlin *L, nb_fwd_mode mode, bool step) {
     lin_path p = path_of(be, L, mode);

@@ -14,7 +14,7 @@
 //   --quick: one shape, n = 1, for CI; --only: that one configuration (for
 //   profilers); --gemv-sweep: only the decode kernel's variants and grid
 //   sizes (nb_cuda_matmul_wq_set_gemv_variant, _set_blocks_per_sm) at
-//   n = 1 and 4, against cuBLAS fp16.
+//   n = 1, 4, 5, 6 and 8, against cuBLAS fp16.
 // Exits 77 when no CUDA device is present.
 #include <stdint.h>
 #include <stdio.h>
@@ -171,8 +171,12 @@ int main(int argc, char **argv) {
 
     int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
     const char *names[3] = {"q/o 4096x4096", "gate/up 14336x4096", "down 4096x14336"};
-    int batches[3] = {1, 4, 16};
-    int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : gsweep ? 2 : 3;
+    int batches[5] = {1, 4, 8, 9, 16};
+    if (gsweep) { // the decode kernel's own range, around the built-in switch to 32-row items at n = 5
+        const int gb[5] = {1, 4, 5, 6, 8};
+        memcpy(batches, gb, sizeof gb);
+    }
+    int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : 5;
     const int reps = quick ? 3 : 15;
     if (only) {
         shapes[0][0] = only_m;
@@ -188,7 +192,7 @@ int main(int argc, char **argv) {
                "|     3/SM | vs fp16 |\n|---|---|---|---|---|---|---|---|---|\n");
     char table[64][200];
     int rows = 0;
-    char sweep[64][160];
+    char sweep[64][240];
     int srows = 0;
     double goal_speedup[3] = {0, 0, 0};
     for (int si = 0; si < n_shapes; si++) {
@@ -230,7 +234,7 @@ int main(int argc, char **argv) {
             for (int path = 0; path < 2; path++) {
                 c.path = path;
                 c.copies = cq;
-                const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
+                const int nv = nb_cuda_matmul_wq_set_gemv_variant(-1);
                 for (int v = 0; v < (path == 0 ? nv : 2); v++) {
                     nb_cuda_matmul_wq_set_gemv_variant(v);
                     double t[4];
@@ -243,7 +247,7 @@ int main(int argc, char **argv) {
                            names[si], n, path_names[path], v, t[0], t[1], t[2], t[3],
                            t_fp16 / t[0]);
                 }
-                nb_cuda_matmul_wq_set_gemv_variant(0);
+                nb_cuda_matmul_wq_set_gemv_variant(-1);
                 // The same view with bf16 activations (a bf16 model's
                 // quantized layers; no subnormal-code path), built-in choice.
                 c.bf16_x = 1;
@@ -290,14 +294,26 @@ int main(int argc, char **argv) {
                         t1sm = time_path(&c, s, reps);
                         nb_cuda_matmul_wq_set_blocks_per_sm(0);
                     }
+                    // 9 <= n <= 16: the decode kernel's other two-x-tile variants
+                    char av[48] = "       - |        - |        - |        -";
+                    if (n > 8 && n <= 16) {
+                        double tv[4];
+                        for (int v = 0; v < 4; v++) {
+                            nb_cuda_matmul_wq_set_gemv16_variant(v);
+                            tv[v] = time_path(&c, s, reps);
+                        }
+                        nb_cuda_matmul_wq_set_gemv16_variant(-1);
+                        snprintf(av, sizeof av, "%8.2f | %8.2f | %8.2f | %8.2f", tv[0], tv[1], tv[2],
+                                 tv[3]);
+                    }
                     char a16[16], a32[16] = "       -", a2[16] = "       -";
                     if (n <= 8) snprintf(a2, sizeof a2, "%8.2f", t1sm);
                     snprintf(a16, sizeof a16, "%8.2f", t16);
                     if (n > 8) snprintf(a32, sizeof a32, "%8.2f", t32);
                     snprintf(sweep[srows++], sizeof sweep[0],
-                             "| %-18s | %2d | %-16s | %8.2f | %8.2f | %7.2fx | %s | %s | %s |",
+                             "| %-18s | %2d | %-16s | %8.2f | %8.2f | %7.2fx | %s | %s | %s | %s |",
                              names[si], n, path_names[path], us[path], tnp, tnp / us[path], a16,
-                             a32, a2);
+                             a32, a2, av);
                 }
             }
             if (n == 1) goal_speedup[si] = us[2] / us[0];
@@ -323,14 +339,16 @@ int main(int argc, char **argv) {
         return 0;
     }
     printf("Launch and kernel sweep (us per launch; auto = the built-in choice: the "
-           "streaming decode kernel with PDL for n <= 8, the tile kernel above; no PDL = the "
-           "same without programmatic dependent launch; tile 16 = the tile kernel with 16-row "
-           "tiles, at n <= 8 in place of the decode kernel; tile 32 = 32-row tiles, n > 8; 1/SM = the decode kernel's grid sized for one "
-           "block per SM instead of two):\n\n");
+           "streaming decode kernel with PDL for n <= 16 (two x tiles from n = 9; the 8-bit "
+           "view of <= 16M weights takes the tile kernel at n <= 8), the tile kernel above; "
+           "no PDL = the same without programmatic dependent launch; tile 16 = the tile kernel "
+           "with 16-row tiles in place of the decode kernel; tile 32 = 32-row tiles, n > 8; "
+           "1/SM = the decode kernel's grid sized for one block per SM instead of two; "
+           "v0-v3 = the decode kernel's two-x-tile variants forced (kGv2Vars), n 9..16):\n\n");
     printf("| shape (m x k)      |  n | path             |  auto us | no PDL   | PDL gain | "
-           "tile 16  | tile 32  | 1/SM     |\n");
+           "tile 16  | tile 32  | 1/SM     | v0       | v1       | v2       | v3       |\n");
     printf("|--------------------|----|------------------|----------|----------|----------|"
-           "----------|----------|----------|\n");
+           "----------|----------|----------|----------|----------|----------|----------|\n");
     for (int r = 0; r < srows; r++) printf("%s\n", sweep[r]);
     printf("\nLinear layer, out[n][m] = x[n][k] W^T, f16 activations and output; MB = weight "
            "bytes read per call; GB/s counts weights + x + out; %% of the copy bandwidth above; "

@@ -12,7 +12,8 @@
 // Usage: trace_linear_cuda M K N MODE [L [VARIANT [BPS]]]
 //   MODE: auto (the built-in choice), nopdl, tile (the tile kernel), 1sm
 //   (decode kernel, one block per SM). 4-bit view, f16 x and out. VARIANT:
-//   the decode kernel's variant (nb_cuda_matmul_wq_set_gemv_variant); BPS:
+//   the decode kernel's variant (nb_cuda_matmul_wq_set_gemv_variant; -1, the
+//   default: the built-in choice); BPS:
 //   its grid sized for that many blocks per SM (0: all resident).
 // Points: 0 entry, 1 weights requested (before the wait), 2 after the wait,
 // 3 group sums done, 4 a tile's last item consumed, 5 exit.
@@ -41,10 +42,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "trace_linear_cuda: MODE is auto, nopdl, tile or 1sm, not %s\n", mode);
         return 2;
     }
-    const int nvar = nb_cuda_matmul_wq_set_gemv_variant(0);
-    const int var = argc > 6 ? atoi(argv[6]) : 0, bps = argc > 7 ? atoi(argv[7]) : 0;
-    if (argc > 8 || var < 0 || var >= nvar || bps < 0 || bps > 8) {
-        fprintf(stderr, "trace_linear_cuda: VARIANT is 0..%d, BPS 0..8 (0: all resident)\n",
+    const int nvar = nb_cuda_matmul_wq_set_gemv_variant(-1);
+    const int var = argc > 6 ? atoi(argv[6]) : -1, bps = argc > 7 ? atoi(argv[7]) : 0;
+    if (argc > 8 || var < -1 || var >= nvar || bps < 0 || bps > 8) {
+        fprintf(stderr, "trace_linear_cuda: VARIANT is -1 (built in) or 0..%d, BPS 0..8 (0: all resident)\n",
                 nvar - 1);
         return 2;
     }

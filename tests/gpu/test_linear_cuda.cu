@@ -97,7 +97,8 @@ static void compare(const char *what, const void *d_out, nb_dtype odt, const flo
 
 // A chain of `steps` dependent calls out = x . W^T ping-ponging between two
 // buffers (n rows of k = m, in dt), started from x and enqueued without a
-// sync, launched with PDL on or off, decode-kernel variant v and grid bps;
+// sync, launched with PDL on or off, decode-kernel variant v (n <= 8 and
+// the two-x-tile form alike) and grid bps;
 // copies the final buffer (n * k elements of dt) to host. Restores the
 // launch settings.
 static void pdl_chain(void *host_out, const void *d_x, nb_dtype dt, const nb_cuda_wq *w, int view,
@@ -110,6 +111,7 @@ static void pdl_chain(void *host_out, const void *d_x, nb_dtype dt, const nb_cud
     CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     nb_cuda_matmul_wq_set_pdl(pdl);
     nb_cuda_matmul_wq_set_gemv_variant(v);
+    nb_cuda_matmul_wq_set_gemv16_variant(v);
     nb_cuda_matmul_wq_set_blocks_per_sm(bps);
     CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
     CUDA_OK(cudaMemset(buf[1], 0xff, bb));
@@ -119,7 +121,8 @@ static void pdl_chain(void *host_out, const void *d_x, nb_dtype dt, const nb_cud
     CUDA_OK(cudaStreamSynchronize(cs));
     CUDA_OK(cudaMemcpy(host_out, buf[steps & 1], bb, cudaMemcpyDeviceToHost));
     nb_cuda_matmul_wq_set_pdl(-1);
-    nb_cuda_matmul_wq_set_gemv_variant(0);
+    nb_cuda_matmul_wq_set_gemv_variant(-1);
+    nb_cuda_matmul_wq_set_gemv16_variant(-1);
     nb_cuda_matmul_wq_set_blocks_per_sm(0);
     CUDA_OK(cudaStreamDestroy(cs));
     cudaFree(buf[0]);
@@ -218,12 +221,15 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
         const int n = ns[in];
         if (n > nmax) continue;
         const nb_dtype odts[3] = {NB_DTYPE_F32, NB_DTYPE_F16, NB_DTYPE_BF16};
-        const int n_odt = (n == 7 || n == 33) ? 3 : 1;
+        const int n_odt = (n == 7 || n == 12 || n == 33) ? 3 : 1;
         for (int io = 0; io < n_odt; io++) {
             const nb_dtype odt = odts[io];
             for (int view = 0; view < 2; view++) {
-                for (int tile = 16; tile <= 32; tile += 16) {
+                // The built-in choice (the decode kernel up to n = 16), then
+                // the tile kernel with 16- and 32-row tiles for every n.
+                for (int tile = 0; tile <= 32; tile += 16) {
                     nb_cuda_matmul_wq_set_tile_rows(tile);
+                    nb_cuda_matmul_wq_set_decode_kernel(tile ? 0 : -1);
                     CUDA_OK(cudaMemset(d_out, 0xff, nm * 4));
                     nb_status s = nb_cuda_matmul_wq(d_out, odt, d_x, dt, view ? &dw : &dw4, view,
                                                     d_bias, bdt, n, m, k, NULL, 0, 0);
@@ -235,6 +241,7 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
                     compare(what, d_out, odt, ref[view], S[view], n, m, 1.0f, NULL, &st[view]);
                 }
                 nb_cuda_matmul_wq_set_tile_rows(0);
+                nb_cuda_matmul_wq_set_decode_kernel(-1);
             }
             if (odt != NB_DTYPE_F32 && odt != dt) {
                 // cuBLAS has no mixed f16/bf16 output: refused, not computed.
@@ -283,14 +290,15 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     }
 
     // Row invariance: a row of x gets the same bits alone as with up to 15
-    // other rows (n <= 8 takes the streaming decode kernel, n > 8 the tile
-    // kernel; the engine's verify rows must equal its decode rows), with
-    // and without programmatic dependent launch.
+    // other rows (n <= 8 takes the streaming decode kernel, 9..16 its
+    // two-x-tile form, in every variant, and the tile kernel when the decode
+    // kernel is off; the engine's verify rows must equal its decode rows),
+    // with and without programmatic dependent launch.
     {
         const int nb = nmax < 16 ? nmax : 16;
         const size_t rowb = (size_t)m * 4;
         float *alone = (float *)malloc(nb * rowb), *got = (float *)malloc(nb * rowb);
-        const int bns[] = {2, 5, 8, 9, 16};
+        const int bns[] = {2, 5, 8, 9, 12, 16};
         for (int view = 0; view < 2; view++) {
             nb_cuda_matmul_wq_set_pdl(0);
             CUDA_OK(cudaMemset(d_out, 0xff, nb * rowb));
@@ -305,14 +313,23 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
                 for (size_t bi = 0; bi < sizeof bns / sizeof bns[0]; bi++) {
                     const int n = bns[bi];
                     if (n > nb) continue;
-                    CUDA_OK(cudaMemset(d_out, 0xff, n * rowb));
-                    CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dw, view, d_bias, bdt,
-                                            n, m, k, NULL, 0, 0) == NB_OK);
-                    CUDA_OK(cudaDeviceSynchronize());
-                    CUDA_OK(cudaMemcpy(got, d_out, n * rowb, cudaMemcpyDeviceToHost));
-                    CHECKF(memcmp(got, alone, n * rowb) == 0,
-                           "wq%d %s m=%d k=%d: rows of an n=%d call differ from the same rows "
-                           "alone (pdl %d)", view ? 8 : 4, nb_dtype_name(dt), m, k, n, pdl);
+                    // n > 8: each two-x-tile variant, then the tile kernel (kc == nv2).
+                    const int nv2 = nb_cuda_matmul_wq_set_gemv16_variant(-1);
+                    for (int kc = 0; kc <= (n > 8 ? nv2 : 0); kc++) {
+                        nb_cuda_matmul_wq_set_gemv16_variant(kc < nv2 ? kc : -1);
+                        nb_cuda_matmul_wq_set_decode_kernel(kc < nv2 ? -1 : 0);
+                        CUDA_OK(cudaMemset(d_out, 0xff, n * rowb));
+                        CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dw, view, d_bias,
+                                                bdt, n, m, k, NULL, 0, 0) == NB_OK);
+                        CUDA_OK(cudaDeviceSynchronize());
+                        CUDA_OK(cudaMemcpy(got, d_out, n * rowb, cudaMemcpyDeviceToHost));
+                        CHECKF(memcmp(got, alone, n * rowb) == 0,
+                               "wq%d %s m=%d k=%d: rows of an n=%d call (%s %d) differ from the "
+                               "same rows alone (pdl %d)", view ? 8 : 4, nb_dtype_name(dt), m, k,
+                               n, kc < nv2 ? "decode-kernel variant" : "tile kernel", kc, pdl);
+                    }
+                    nb_cuda_matmul_wq_set_gemv16_variant(-1);
+                    nb_cuda_matmul_wq_set_decode_kernel(-1);
                 }
             }
         }
@@ -330,8 +347,8 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
             CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(cudaMemcpy(alone, d_out, nb * rowb, cudaMemcpyDeviceToHost));
             nb_cuda_matmul_wq_set_pdl(-1);
-            const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
-            for (int v = 1; v < nv; v++) {
+            const int nv = nb_cuda_matmul_wq_set_gemv_variant(-1);
+            for (int v = 0; v < nv; v++) {
                 nb_cuda_matmul_wq_set_gemv_variant(v);
                 for (int bps = 0; bps < 4; bps++) {
                     nb_cuda_matmul_wq_set_blocks_per_sm(bps);
@@ -349,7 +366,7 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
                     }
                 }
             }
-            nb_cuda_matmul_wq_set_gemv_variant(0);
+            nb_cuda_matmul_wq_set_gemv_variant(-1);
             nb_cuda_matmul_wq_set_blocks_per_sm(0);
         }
         free(alone);
@@ -383,21 +400,26 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     // give the bits of the same chain without PDL.
     if (m == k && m >= 4096) {
         const int n = 4;
-        const size_t bb = (size_t)n * k * es;
+        size_t bb = (size_t)12 * k * es;
         uint8_t *res0 = (uint8_t *)malloc(bb), *res = (uint8_t *)malloc(bb);
         // bf16, both views, 8 calls (the values grow through the chain): the
         // last run sizes the decode kernel's grid for one block per SM, so
         // the next launch's blocks start beside every block of this one
-        // (otherwise only a large m leaves free slots).
-        for (int view = 0; dt == NB_DTYPE_BF16 && view < 2; view++) {
-            pdl_chain(res0, d_x, dt, view ? &dw : &dw4, view, n, m, k, 8, 0, 0, 0);
-            for (int run = 1; run < 4; run++) {
-                pdl_chain(res, d_x, dt, view ? &dw : &dw4, view, n, m, k, 8, 1, 0, run == 3 ? 1 : 0);
-                CHECKF(memcmp(res0, res, bb) == 0,
-                       "wq%d %s m=%d k=%d: an 8-call chain with PDL (run %d) differs from "
-                       "the chain without", view ? 8 : 4, nb_dtype_name(dt), m, k, run);
+        // (otherwise only a large m leaves free slots). 4 rows (the decode
+        // kernel) and 12 (its two-x-tile form).
+        for (int nc = 4; dt == NB_DTYPE_BF16 && nc <= 12; nc += 8) {
+            bb = (size_t)nc * k * es;
+            for (int view = 0; view < 2; view++) {
+                pdl_chain(res0, d_x, dt, view ? &dw : &dw4, view, nc, m, k, 8, 0, 0, 0);
+                for (int run = 1; run < 4; run++) {
+                    pdl_chain(res, d_x, dt, view ? &dw : &dw4, view, nc, m, k, 8, 1, 0, run == 3 ? 1 : 0);
+                    CHECKF(memcmp(res0, res, bb) == 0,
+                           "wq%d %s m=%d k=%d n=%d: an 8-call chain with PDL (run %d) differs "
+                           "from the chain without", view ? 8 : 4, nb_dtype_name(dt), m, k, nc, run);
+                }
             }
         }
+        bb = (size_t)n * k * es;
         // f16, 4-bit view, every decode-kernel variant at grids of all and 2
         // blocks per SM (the variants with room for more resident blocks
         // than the grid is sized for put the next launch's blocks beside
@@ -410,8 +432,8 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
             for (size_t e = 0; e < (size_t)n * k; e++) fin += (h0[e] & 0x7c00) != 0x7c00;
             CHECKF(fin == (size_t)n * k, "wq4 f16 chain: %zu of %zu values not finite",
                    (size_t)n * k - fin, (size_t)n * k);
-            const int nv = nb_cuda_matmul_wq_set_gemv_variant(0);
-            for (int v = 0; v < nv; v++)
+            const int nv = nb_cuda_matmul_wq_set_gemv_variant(-1);
+            for (int v = -1; v < nv; v++)
                 for (int bps = 0; bps <= 2; bps += 2) {
                     pdl_chain(res, d_x, dt, &dw4, 0, n, m, k, 4, 1, v, bps);
                     CHECKF(memcmp(res0, res, bb) == 0,
@@ -548,7 +570,7 @@ int main(void) {
         return NB_TEST_SKIP;
     }
 
-    const int ns[] = {1, 2, 3, 4, 7, 16, 33, 100};
+    const int ns[] = {1, 2, 3, 4, 7, 9, 12, 16, 33, 100};
     const int n_ns = (int)(sizeof ns / sizeof ns[0]);
     const int shapes[][2] = {{512, 512}, {1408, 512}, {512, 1408}, {4096, 4096}, {8, 128},
                              {1000, 384}, {40, 64},   {24, 96}};
