@@ -875,7 +875,9 @@ bool pdl_on() {
 // bounds), items per step, and R, the 16-row tiles per item (2: half the
 // x fragments per weight byte). Same bits for every variant (the same
 // per-item arithmetic in the same order). Built in (gemv_builtin; f16 4-bit
-// only, the others always take variant 0): variant 0 (8, 2, 2, 1) up to 4
+// only, the others always take variant 0; in the 8-bit view the R = 2
+// forms measured within 1% at n = 5-6 and 5% faster only for 14336x4096 at
+// n = 8, 5-15% slower for 4096x14336, session 19): variant 0 (8, 2, 2, 1) up to 4
 // rows of x (on an H100 variants 1 and 2 were 5-35% slower at the Llama
 // shapes at n = 1, and at n = 4 all but one cell; 4 blocks of 64 registers
 // spill: docs/benchmarks.md, session 17); from 5 rows, where the x
@@ -995,7 +997,8 @@ template <typename XT, bool LOWER, int V, bool X1>
 cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     constexpr GvVar v = kGvVars[V];
     const int id = V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
-    return launch_gemv_k<XT, LOWER, LOWER ? 4 : v.st, v.minb, v.ns, X1, v.r, 1>(p, id, stream);
+    // the 8-bit view: 8 KB in flight per warp (4 items of 2 KB, or 2 of 4 KB)
+    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1>(p, id, stream);
 }
 
 template <typename XT, bool LOWER, int V>
@@ -1034,17 +1037,17 @@ int gemv2_builtin(bool lower, int m, cudaError_t *err) {
 // byte halved), one block per SM (4) unless that leaves > 10% of the SMs
 // idle (3, two blocks per SM).
 constexpr int kGemvR2MinN = 5;
-int gemv_builtin(int n, int m, cudaError_t *err) {
-    if (n < kGemvR2MinN) return 0;
+int gemv_builtin(bool lower, bool f16, int n, int m, cudaError_t *err) {
+    if (lower || !f16 || n < kGemvR2MinN) return 0;
     const bool fills = r2_one_per_sm_fills(m, err);
     return fills ? 4 : 3;
 }
 
 template <typename XT, bool LOWER, bool X1>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
-    if constexpr (!LOWER && std::is_same<XT, __half>::value) {
+    {
         cudaError_t err = cudaSuccess;
-        const int v = g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(p.n, p.m, &err);
+        const int v = g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, &err);
         if (err != cudaSuccess) return err;
         switch (v) {
         case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
@@ -1212,7 +1215,7 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     // tile kernel (4096 x 4096 on an H100: 10.1 vs 11.8 us), larger ones on
     // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
     // The choice depends on the matrix only, never on n <= 8 rows.
-    const bool decode_kernel = !use_lower || n > 8 || (size_t)m * k > ((size_t)16 << 20);
+    const bool decode_kernel = !use_lower || n > 8 || (size_t)m * k > ((size_t)16 << 20) || g_gemv_var >= 0;
     if (fast && n <= 16 && k <= (n <= 8 ? 262144 : 65536) && decode_kernel && sz16 && gemv_on()) {
         const cudaError_t e = x_dt == NB_DTYPE_F16
                                   ? (use_lower ? launch_gemv<__half, true>(p, stream)

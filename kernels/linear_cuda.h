@@ -133,11 +133,13 @@ void nb_cuda_matmul_wq_set_decode_kernel(int on);
 // benchmarks and tests; not thread safe.
 void nb_cuda_matmul_wq_set_blocks_per_sm(int bps);
 
-// The decode kernel's variant for f16 activations and the 4-bit view (ring
-// depth, register budget, items per step, tiles per item; see kGvVars in
-// linear_cuda.cu): force 0 to count - 1; any other v restores the built-in
-// choice (which depends on n and the shape). Returns the count. Same bits
-// for every variant. For benchmarks and tests; not thread safe.
+// The decode kernel's variant for n <= 8 (ring depth, register budget,
+// items per step, tiles per item; see kGvVars in linear_cuda.cu): force 0
+// to count - 1 (both views, f16 and bf16 activations; a forced variant
+// also takes the decode kernel for the 8-bit view of small matrices); any
+// other v restores the built-in choice (which depends on n, the view, the
+// activation type and the shape). Returns the count. Same bits for every
+// variant. For benchmarks and tests; not thread safe.
 int nb_cuda_matmul_wq_set_gemv_variant(int v);
 
 // The decode kernel's two-x-tile form (9 <= n <= 16, both views, f16 and

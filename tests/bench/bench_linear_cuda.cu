@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
                 c.path = path;
                 c.copies = cq;
                 const int nv = nb_cuda_matmul_wq_set_gemv_variant(-1);
-                for (int v = 0; v < (path == 0 ? nv : 2); v++) {
+                for (int v = 0; v < nv; v++) {
                     nb_cuda_matmul_wq_set_gemv_variant(v);
                     double t[4];
                     for (int b = 0; b < 4; b++) {

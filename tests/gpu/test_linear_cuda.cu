@@ -334,15 +334,17 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
             }
         }
         nb_cuda_matmul_wq_set_pdl(-1);
-        // Every variant of the decode kernel (f16: ring depth, register
-        // budget, items per step) and grid size gives the 4-bit rows the
-        // same bits as variant 0 alone.
-        if (dt == NB_DTYPE_F16) {
+        // Every variant of the decode kernel (ring depth, register budget,
+        // items per step, tiles per item; a forced variant takes the decode
+        // kernel for every matrix) and grid size gives the rows the same
+        // bits as the built-in choice alone, in both views.
+        for (int view = 0; view < 2; view++) {
+            const nb_cuda_wq *wv = view ? &dw : &dw4;
             nb_cuda_matmul_wq_set_pdl(0);
             CUDA_OK(cudaMemset(d_out, 0xff, nb * rowb));
             for (int i = 0; i < nb; i++)
                 CHECK(nb_cuda_matmul_wq((char *)d_out + i * rowb, NB_DTYPE_F32,
-                                        (const char *)d_x + (size_t)i * k * es, dt, &dw4, 0,
+                                        (const char *)d_x + (size_t)i * k * es, dt, wv, view,
                                         d_bias, bdt, 1, m, k, NULL, 0, 0) == NB_OK);
             CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(cudaMemcpy(alone, d_out, nb * rowb, cudaMemcpyDeviceToHost));
@@ -356,13 +358,14 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
                     for (int vi = 0; vi < 3; vi++) {
                         const int n = vns[vi] < nb ? vns[vi] : nb;
                         CUDA_OK(cudaMemset(d_out, 0xff, n * rowb));
-                        CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, &dw4, 0, d_bias,
+                        CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, dt, wv, view, d_bias,
                                                 bdt, n, m, k, NULL, 0, 0) == NB_OK);
                         CUDA_OK(cudaDeviceSynchronize());
                         CUDA_OK(cudaMemcpy(got, d_out, n * rowb, cudaMemcpyDeviceToHost));
                         CHECKF(memcmp(got, alone, n * rowb) == 0,
-                               "wq4 f16 m=%d k=%d: decode variant %d (grid %d/SM) n=%d differs "
-                               "from variant 0", m, k, v, bps, n);
+                               "wq%d %s m=%d k=%d: decode variant %d (grid %d/SM) n=%d differs "
+                               "from the built-in choice alone", view ? 8 : 4, nb_dtype_name(dt),
+                               m, k, v, bps, n);
                     }
                 }
             }
