@@ -465,9 +465,9 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
     WQ_TRACE(5);
 }
 
-// ---- The decode kernel (n <= 8 rows of x) ----
+// ---- The decode kernel (n <= 16 rows of x) ----
 //
-// The arithmetic per output is the tile kernel's at NT = 1 (same lane
+// The arithmetic per output is the tile kernel's (same lane
 // layout, same mma sequence per group, the same groups per warp: warp w
 // takes groups w, w+8, ... of every tile, the same 8-warp sum in shared
 // memory), so a row of x gets the same bits whether it comes with 0 or 15
