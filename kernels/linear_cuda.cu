@@ -917,36 +917,43 @@ int g_gemv2_var = -1; // -1: the built-in choice (gemv2_builtin)
 // of groups per warp, 4 to 256), and the SM count; computed once per
 // device, kernel and class. Returns 0 and sets *err on a CUDA error.
 constexpr int kGvIds = 8 * kGvNVar + 4 * kGv2NVar;
+constexpr int kMaxDev = 64;
+// The current device's SM count (cached per device) and its index; 0 and
+// *err set on a CUDA error.
+int sm_count(int *dev_out, cudaError_t *err) {
+    static int cached_sms[kMaxDev];
+    int dev = 0, sms = 0;
+    if ((*err = cudaGetDevice(&dev)) != cudaSuccess) return 0;
+    *dev_out = dev;
+    if (dev >= 0 && dev < kMaxDev && cached_sms[dev] > 0) return cached_sms[dev];
+    if ((*err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return 0;
+    if (sms < 1) sms = 1;
+    if (dev >= 0 && dev < kMaxDev) cached_sms[dev] = sms;
+    return sms;
+}
+
 int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, int *sms_out,
                 cudaError_t *err) {
-    constexpr int kMaxDev = 64, kClasses = 7;
-    static int cached[kMaxDev][kGvIds][kClasses], cached_sms[kMaxDev];
+    constexpr int kClasses = 7;
+    static int cached[kMaxDev][kGvIds][kClasses];
     int dev = 0;
-    *err = cudaGetDevice(&dev);
+    const int sms = sm_count(&dev, err);
     if (*err != cudaSuccess) return 0;
+    *sms_out = sms;
     const bool slot = dev >= 0 && dev < kMaxDev && cls >= 0 && cls < kClasses && id >= 0 &&
                       id < kGvIds;
-    if (slot && cached[dev][id][cls] > 0) {
-        *sms_out = cached_sms[dev];
-        return cached[dev][id][cls];
-    }
+    if (slot && cached[dev][id][cls] > 0) return cached[dev][id][cls];
     // NOTE: the limit is raised to the largest class's size, never to this
     // call's: it is one attribute per function, so setting it per class
     // would lower it under a larger class already cached (its launches would
     // then fail).
     *err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem);
-    int per_sm = 0, sms = 0;
+    int per_sm = 0;
     if (*err == cudaSuccess)
         *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem);
-    if (*err == cudaSuccess) *err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (*err != cudaSuccess) return 0;
     if (per_sm < 1) per_sm = 1;
-    if (sms < 1) sms = 1;
-    if (slot) {
-        cached[dev][id][cls] = per_sm;
-        cached_sms[dev] = sms;
-    }
-    *sms_out = sms;
+    if (slot) cached[dev][id][cls] = per_sm;
     return per_sm;
 }
 
@@ -1011,16 +1018,9 @@ cudaError_t launch_gemv2_v(const WqParams &p, cudaStream_t stream) {
 // Does a grid of one block per SM, each walking whole 32-row tiles, keep
 // at least 90% of the SMs busy for m weight rows?
 bool r2_one_per_sm_fills(int m, cudaError_t *err) {
-    constexpr int kMaxDev = 64;
-    static int sms_of[kMaxDev];
-    int dev = 0, sms = 0;
-    if ((*err = cudaGetDevice(&dev)) != cudaSuccess) return 0;
-    if (dev >= 0 && dev < kMaxDev && sms_of[dev] > 0) {
-        sms = sms_of[dev];
-    } else {
-        if ((*err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return 0;
-        if (dev >= 0 && dev < kMaxDev) sms_of[dev] = sms;
-    }
+    int dev = 0;
+    const int sms = sm_count(&dev, err);
+    if (*err != cudaSuccess) return false;
     const long rt = ((m + 15) / 16 + 1) / 2, per_block = (rt + sms - 1) / sms;
     const long grid = (rt + per_block - 1) / per_block;
     return grid * 10 >= (long)sms * 9;
@@ -1045,19 +1045,17 @@ int gemv_builtin(bool lower, bool f16, int n, int m, cudaError_t *err) {
 
 template <typename XT, bool LOWER, bool X1>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
-    {
-        cudaError_t err = cudaSuccess;
-        const int v = g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, &err);
-        if (err != cudaSuccess) return err;
-        switch (v) {
-        case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
-        case 2: return launch_gemv_v<XT, LOWER, 2, X1>(p, stream);
-        case 3: return launch_gemv_v<XT, LOWER, 3, X1>(p, stream);
-        case 4: return launch_gemv_v<XT, LOWER, 4, X1>(p, stream);
-        default: break;
-        }
+    cudaError_t err = cudaSuccess;
+    const int v =
+        g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, &err);
+    if (err != cudaSuccess) return err;
+    switch (v) {
+    case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
+    case 2: return launch_gemv_v<XT, LOWER, 2, X1>(p, stream);
+    case 3: return launch_gemv_v<XT, LOWER, 3, X1>(p, stream);
+    case 4: return launch_gemv_v<XT, LOWER, 4, X1>(p, stream);
+    default: return launch_gemv_v<XT, LOWER, 0, X1>(p, stream);
     }
-    return launch_gemv_v<XT, LOWER, 0, X1>(p, stream);
 }
 
 template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {

@@ -591,6 +591,13 @@ int main(void) {
     // k = 4096 and 14336 every layer).
     run_shape(NB_DTYPE_F16, 64, 5120, 4, ns, n_ns);
     run_shape(NB_DTYPE_F16, 64, 8448, 4, ns, n_ns);
+    // The two-x-tile decode kernel (9-16 rows) takes k <= 64k: k = 65536 is
+    // its largest shared-memory class (the limit the function is set to),
+    // k = 66048 must go to the tile kernel at 9-16 rows (and still to the
+    // decode kernel at <= 8); both views, rows checked against the same rows
+    // alone as everywhere.
+    run_shape(NB_DTYPE_F16, 40, 65536, 12, ns, n_ns);
+    run_shape(NB_DTYPE_BF16, 24, 66048, 12, ns, n_ns);
 
     // Argument checks.
     nb_cuda_wq none = {NULL, NULL, NULL};
