@@ -187,6 +187,35 @@ static void test_degenerate(void) {
     qfree(&q);
 }
 
+// Large matrices are quantized by several threads, each a range of rows:
+// the codes must be those of the rows quantized one at a time (single
+// threaded), and a non-finite weight in the last row must still leave every
+// output unwritten.
+static void test_threads(void) {
+    enum { M = 4096 + 7, K = 256 };
+    float *w = malloc(sizeof(float) * M * K);
+    for (int i = 0; i < M * K; i++) w[i] = frand() * (1.0f + (float)(i % 977) / 97.0f);
+    qbuf a = qalloc(M, K), b = qalloc(M, K);
+    size_t pb = 0, ng = 0;
+    CHECK(nb_wq_sizes(M, K, &pb, &ng) == NB_OK);
+    CHECK(nb_wq_quantize(w, NB_DTYPE_F32, M, K, a.up, a.lo, a.sc, a.zr) == NB_OK);
+    for (int j = 0; j < M; j++)
+        CHECK(nb_wq_quantize(w + (size_t)j * K, NB_DTYPE_F32, 1, K, b.up + (size_t)j * K / 2,
+                             b.lo + (size_t)j * K / 2, b.sc + (size_t)j * (K / 128),
+                             b.zr + (size_t)j * (K / 128)) == NB_OK);
+    CHECK(memcmp(a.up, b.up, pb) == 0 && memcmp(a.lo, b.lo, pb) == 0);
+    CHECK(memcmp(a.sc, b.sc, ng * 2) == 0 && memcmp(a.zr, b.zr, ng * 2) == 0);
+    w[(size_t)M * K - 3] = NAN;
+    memset(a.up, 0xab, pb);
+    CHECK(nb_wq_quantize(w, NB_DTYPE_F32, M, K, a.up, a.lo, a.sc, a.zr) == NB_ERR_NON_FINITE);
+    int bad = 0;
+    for (size_t i = 0; i < pb; i++) bad += a.up[i] != 0xab;
+    CHECKF(bad == 0, "%d plane bytes written before the non-finite weight was reported", bad);
+    qfree(&a);
+    qfree(&b);
+    free(w);
+}
+
 static void test_matmul_wq(void) {
     static const int shapes[][3] = {{1, 8, 256}, {5, 13, 384}, {3, 5, 64}, {2, 3, 96},
                                     {64, 72, 512}, {9, 1, 128}};
@@ -288,6 +317,7 @@ int main(int argc, char **argv) {
     test_sizes();
     test_quantize();
     test_degenerate();
+    test_threads();
     test_matmul_wq();
     return nb_test_finish("test_wquant");
 }
