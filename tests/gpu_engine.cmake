@@ -15,3 +15,11 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
   target_include_directories(bench_engine_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
                              ${CMAKE_CURRENT_SOURCE_DIR}/unit)
 endif()
+
+# The engine at a real model shape and long context (synthetic weights by
+# default): prefill tokens/s, target-only and speculative step times.
+if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
+  add_executable(bench_engine_long ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_engine_long.c)
+  target_link_libraries(bench_engine_long PRIVATE nb_worker_core CUDA::cudart ${MATH_LIBRARY})
+  target_include_directories(bench_engine_long PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+endif()

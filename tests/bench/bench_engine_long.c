@@ -1,0 +1,242 @@
+// bench_engine_long: the GPU engine end to end at a real model shape and
+// long context (in-process, no socket). For each (batch, context) it
+// prefills `batch` distinct random prompts of `context` tokens, then times
+//   - target-only decoding with the unquantized f16 cache and the model's
+//     own (bf16) weights: what a user runs without nibbler;
+//   - target-only decoding with the hierarchical INT8 cache;
+//   - self-speculative rounds (gamma drafts with 4-bit weights and the INT4
+//     view, then one verify), draft and verify timed apart.
+// Prints markdown: prefill tokens/s, ms per step / per round, and the
+// speculative speedup at the acceptance measured here and the break-even
+// (tokens per round at which a round costs what the same tokens cost
+// target-only). With a synthetic model (random weights: the output is
+// noise) the acceptance is that of noise; the step times are the model
+// shape's.
+//
+// Usage: bench_engine_long [--model synthetic:llama-3-8b | DIR] [--ctx 4096,32768]
+//          [--batch 1,8] [--new 32] [--gamma 4] [--chunk 1024] [--util 0.9]
+//          [--kinds fp16,quant] [--no-graphs]
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+#include "model_loader.h"
+#include "nb_test.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+#define MAXL 8
+static int parse_list(const char *s, int *v) {
+    int n = 0;
+    while (*s && n < MAXL) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x <= 0) return -1;
+        v[n++] = (int)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+typedef struct cell {
+    double prefill_tps[2];  // fp16 engine, quant engine
+    double ms_fp16, ms_int8; // target-only ms per step
+    double ms_draft, ms_verify, acc, tok_round;
+    bool have[2];
+} cell;
+
+// splitmix64: distinct, reproducible prompts.
+static uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int main(int argc, char **argv) {
+    const char *model = "synthetic:llama-3-8b", *kinds = "fp16,quant";
+    int ctxs[MAXL] = {4096, 32768}, n_ctx = 2, Bs[MAXL] = {1, 8}, n_b = 2;
+    int n_new = 32, gamma = 4, chunk = 1024;
+    double util = 0.9;
+    bool graphs = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-graphs")) { graphs = false; continue; }
+        if (!v) { fprintf(stderr, "%s needs a value\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--ctx")) n_ctx = parse_list(v, ctxs);
+        else if (!strcmp(a, "--batch")) n_b = parse_list(v, Bs);
+        else if (!strcmp(a, "--new")) n_new = atoi(v);
+        else if (!strcmp(a, "--gamma")) gamma = atoi(v);
+        else if (!strcmp(a, "--chunk")) chunk = atoi(v);
+        else if (!strcmp(a, "--util")) util = atof(v);
+        else if (!strcmp(a, "--kinds")) kinds = v;
+        else { fprintf(stderr, "unknown option %s\n", a); return 2; }
+    }
+    if (n_ctx <= 0 || n_b <= 0 || n_new < 1 || gamma < 1 || gamma > 8 || chunk < 1) {
+        fprintf(stderr, "bad --ctx/--batch/--new/--gamma/--chunk\n");
+        return 2;
+    }
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no CUDA device\n");
+        return NB_TEST_SKIP;
+    }
+    char err[512];
+    nb_model *m = NULL;
+    double t0 = now_s();
+    nb_status st0 = !strncmp(model, "synthetic:", 10) ? nb_model_synthetic(model + 10, 1, &m, err, sizeof err)
+                                                    : nb_model_load(model, &m, err, sizeof err);
+    if (st0 != NB_OK) {
+        fprintf(stderr, "model %s: %s\n", model, err);
+        return 1;
+    }
+    const nb_model_config *mc = nb_model_get_config(m);
+    printf("# bench_engine_long: %s (%d layers, %d/%d heads x %d, vocab %d), model made/loaded in %.1f s\n",
+           model, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->vocab_size, now_s() - t0);
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("# %s; gamma %d, %d new tokens per sequence, prefill chunk %d, CUDA graphs %s\n\n", prop.name, gamma,
+           n_new, chunk, graphs ? "on" : "off");
+    fflush(stdout);
+
+    int max_ctx = 0, max_b = 0;
+    for (int i = 0; i < n_ctx; i++) max_ctx = ctxs[i] > max_ctx ? ctxs[i] : max_ctx;
+    for (int i = 0; i < n_b; i++) max_b = Bs[i] > max_b ? Bs[i] : max_b;
+    cell cells[MAXL][MAXL];
+    memset(cells, 0, sizeof cells);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)max_b * (size_t)(n_new + 16) * 9);
+    int32_t drafts[64 * 8], n_out[64], n_acc[64], seqs[64], next[64], lens[64];
+    const int32_t *pr[64];
+    nb_status st[64];
+    CHECK(out && max_b <= 64);
+
+    for (int kind = 0; kind < 2; kind++) {
+        if (!strstr(kinds, kind ? "quant" : "fp16")) continue;
+        nb_engine_params p = nb_engine_default_params();
+        p.backend = "cuda";
+        p.quantized_cache = kind == 1;
+        p.kv_dtype = kind == 0 ? NB_DTYPE_F16 : -1;
+        p.draft_w4 = kind == 1; // the fp16 baseline holds no quantized weight copy
+        p.prefix_cache = false;
+        p.group_size = 128;
+        p.max_seqs = max_b;
+        p.max_seq_len = max_ctx + n_new + 8 * 9 + 16;
+        p.max_gamma = 8;
+        p.prefill_chunk = chunk;
+        p.max_batch_rows = chunk > 1024 ? chunk : 1024;
+        p.gpu_memory_utilization = util;
+        p.cuda_graphs = graphs;
+        t0 = now_s();
+        nb_engine *e = nb_engine_new(m, &p, err, sizeof err);
+        if (!e) {
+            fprintf(stderr, "engine (%s cache): %s\n", kind ? "quantized" : "f16", err);
+            return 1;
+        }
+        printf("# %s-cache engine ready in %.1f s\n", kind ? "hierarchical" : "f16", now_s() - t0);
+        fflush(stdout);
+        for (int bi = 0; bi < n_b; bi++)
+            for (int ci = 0; ci < n_ctx; ci++) {
+                const int B = Bs[bi], ctx = ctxs[ci];
+                cell *c = &cells[bi][ci];
+                bool ok = true;
+                for (int i = 0; i < B && ok; i++) ok = nb_engine_seq_add(e, &(nb_sampling_params){0}, &seqs[i]) == NB_OK;
+                CHECK(ok);
+                // B distinct prompts, prefilled together (one call: the engine
+                // packs the sequences' chunks into passes of max_batch_rows).
+                int32_t *buf = malloc(sizeof(int32_t) * (size_t)B * ctx);
+                CHECK(buf != NULL);
+                for (int i = 0; i < B; i++) {
+                    for (int t = 0; t < ctx; t++)
+                        buf[(size_t)i * ctx + t] =
+                            3 + (int32_t)(mix(((uint64_t)i << 32) + (uint64_t)t) % (uint64_t)(mc->vocab_size - 3));
+                    pr[i] = buf + (size_t)i * ctx;
+                    lens[i] = ctx;
+                }
+                double ts = now_s();
+                nb_status r = nb_engine_prefill(e, B, seqs, pr, lens, next, NULL, NULL, st);
+                double dt = now_s() - ts;
+                free(buf);
+                CHECKF(r == NB_OK, "prefill %d x %d: %s", B, ctx, nb_status_str(r));
+                for (int i = 0; i < B; i++) CHECKF(st[i] == NB_OK, "prefill seq %d: %s", i, nb_status_str(st[i]));
+                if (r != NB_OK) goto release;
+                c->prefill_tps[kind] = (double)B * ctx / dt;
+                c->have[kind] = true;
+                // Target-only: two warm-up steps (graph capture), then n_new.
+                CHECK(nb_engine_decode(e, B, seqs, 2, out, NULL, n_out, st) == NB_OK);
+                ts = now_s();
+                CHECK(nb_engine_decode(e, B, seqs, n_new, out, NULL, n_out, st) == NB_OK);
+                dt = now_s() - ts;
+                for (int i = 0; i < B; i++) CHECK(st[i] == NB_OK && n_out[i] == n_new);
+                if (kind == 0) c->ms_fp16 = 1e3 * dt / n_new;
+                else c->ms_int8 = 1e3 * dt / n_new;
+                if (kind == 1) {
+                    for (int w = 0; w < 2; w++) {
+                        CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
+                        CHECK(nb_engine_verify(e, B, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
+                    }
+                    double td = 0, tv = 0;
+                    long rounds = 0, produced = 0, accepted = 0;
+                    while (produced < (long)n_new * B) {
+                        ts = now_s();
+                        CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
+                        double t1 = now_s();
+                        CHECK(nb_engine_verify(e, B, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
+                        tv += now_s() - t1;
+                        td += t1 - ts;
+                        for (int i = 0; i < B; i++) {
+                            CHECK(st[i] == NB_OK);
+                            produced += n_out[i];
+                            accepted += n_acc[i];
+                        }
+                        rounds++;
+                    }
+                    c->ms_draft = 1e3 * td / rounds;
+                    c->ms_verify = 1e3 * tv / rounds;
+                    c->acc = (double)accepted / ((double)rounds * B * gamma);
+                    c->tok_round = (double)produced / ((double)rounds * B);
+                }
+            release:
+                for (int i = 0; i < B; i++) nb_engine_seq_free(e, seqs[i]);
+                printf("# %s cache, batch %d, context %d: done\n", kind ? "hierarchical" : "f16", B, ctx);
+                fflush(stdout);
+            }
+        nb_engine_destroy(&e);
+    }
+
+    printf("\n| batch | context | prefill tok/s f16 cache | prefill tok/s INT8 cache | target ms/step f16 cache "
+           "| target ms/step INT8 cache | draft ms (%d tokens) | verify ms | round ms | acceptance | tokens/round "
+           "| spec tok/s | f16 target tok/s | spec / f16 | break-even tokens/round |\n",
+           gamma);
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int bi = 0; bi < n_b; bi++)
+        for (int ci = 0; ci < n_ctx; ci++) {
+            const cell *c = &cells[bi][ci];
+            const int B = Bs[bi];
+            const double round = c->ms_draft + c->ms_verify;
+            const double spec = c->have[1] ? 1e3 * B * c->tok_round / round : 0;
+            const double base = c->have[0] ? 1e3 * B / c->ms_fp16 : 0;
+            printf("| %d | %d | %.0f | %.0f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.0f | ", B,
+                   ctxs[ci], c->prefill_tps[0], c->prefill_tps[1], c->ms_fp16, c->ms_int8, c->ms_draft,
+                   c->ms_verify, round, c->acc, c->tok_round, spec, base);
+            if (c->have[0] && c->have[1])
+                printf("%.2fx | %.2f |\n", spec / base, round / c->ms_fp16);
+            else
+                printf("- | - |\n");
+        }
+    free(out);
+    nb_model_free(&m);
+    return nb_test_finish("bench_engine_long");
+}
