@@ -63,6 +63,55 @@ nb_status nb_cuda_rope_apply(float *x /*[n][n_heads][D] f32*/, const int32_t *po
                              int n, int n_heads, int D, const float *inv_freq /*[D/2] f32*/,
                              cudaStream_t stream);
 
+// A fused op's converted copy of its f32 result: dt F16 or BF16 rounded as
+// nb_store_f32 (sat 0), or F16 saturating as nb_f32_to_f16_sat (sat 1; the
+// 4-bit draft's activations); F32 copies. p NULL: no copy.
+typedef struct nb_cuda_cvt {
+    void *p;
+    nb_dtype dt;
+    int sat;
+} nb_cuda_cvt;
+
+// Residual add + RMSNorm + conversion in one kernel, bit-exact twin of
+// nb_ref_add(x, x, res) (skipped when res is NULL), then
+// nb_ref_rmsnorm(out, x, w, ...), then the conversion of out's values to cvt
+// (nb_store_f32 or nb_f32_to_f16_sat). x is updated in place when res is
+// given; out (f32) and cvt.p may each be NULL, not both; out must not equal
+// x when res is given. Returns NB_ERR_INVALID_ARG as nb_cuda_rmsnorm, and for
+// an unsupported cvt or NULL pointers.
+nb_status nb_cuda_add_rmsnorm(float *x /*[n][d] f32, in/out*/, const float *res /*[n][d] f32 or NULL*/,
+                              const void *w /*[d] dt*/, nb_dtype dt, int n, int d, float eps,
+                              float *out /*[n][d] f32 or NULL*/, nb_cuda_cvt cvt /*[n][d]*/,
+                              cudaStream_t stream);
+
+// RoPE of q and k, then the KV write, in one kernel: the twin of
+// nb_ref_rope_apply on q and on k followed by the cpu backend's write_kv
+// (element for element nb_cuda_rope_apply and nb_cuda_write_kv, so the same
+// bits as those two). Row r of q is q_in + r*q_stride ([n_heads][D]); its
+// rotation goes to q_out [n][n_heads][D] (q_out may equal q_in only when
+// q_stride == n_heads*D). Row r of k and of v is at k_in / v_in +
+// r*kv_stride ([n_kv_heads][D]); the rotated k and v go to the FP cache at
+// (fpblock[r], slot[r]) as nb_cuda_write_kv stores them (a row outside the
+// pool or block is skipped). With a fused qkv projection output [n][Hq +
+// 2*Hkv]: q_in = qkv, k_in = qkv + Hq, v_in = k_in + Hkv, both strides Hq +
+// 2*Hkv. Returns NB_ERR_INVALID_ARG for an invalid layout or layer, D >
+// 1024, n < 0, strides shorter than a row, or NULL pointers with n > 0.
+nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int q_stride, const float *k_in,
+                                const float *v_in, int kv_stride, const int32_t *pos /*[n]*/, int n,
+                                int n_heads, const float *inv_freq /*[D/2]*/, const nb_kv_layout *lay,
+                                void *fp, int layer, const int32_t *fpblock /*[n]*/,
+                                const int32_t *slot /*[n]*/, cudaStream_t stream);
+
+// SwiGLU of strided rows into packed ones, with conversion: for r < n and
+// i < I, o = silu(gate[r*stride + i]) * up[r*stride + i] exactly as
+// nb_cuda_silu_mul, stored to out[r*I + i] (f32, if not NULL) and/or cvt
+// (as nb_cuda_add_rmsnorm's). With a fused gate/up projection output
+// [n][2I]: gate = gu, up = gu + I, stride 2I. Returns NB_ERR_INVALID_ARG for
+// n < 0, I < 1, stride < I, an unsupported cvt or NULL pointers.
+nb_status nb_cuda_silu_mul_cvt(float *out /*[n][I] f32 or NULL*/, nb_cuda_cvt cvt /*[n][I]*/,
+                               const float *gate, const float *up, int stride, int n, int I,
+                               cudaStream_t stream);
+
 // SwiGLU, twin of nb_ref_silu_mul: out[i] = (g / (1 + e)) * up[i] with
 // e = exp(-g) in double rounded to f32 (glibc's expf differs by 1 ulp for
 // about 1 argument in 1600; the result then differs by at most a few ulp).

@@ -368,6 +368,193 @@ static void test_write_kv() {
             "contract: bit-exact", cases, mism, bytes);
 }
 
+// ------------------------------------------------------------ fused ops
+// The backend's fused kernels against compositions of the C twins:
+// add_rmsnorm = nb_ref_add, nb_ref_rmsnorm, then a conversion; silu_mul_cvt
+// = nb_ref_silu_mul on strided rows, then a conversion; rope_write_kv =
+// nb_cuda_rope_apply + nb_cuda_write_kv (twins of nb_ref_rope_apply and
+// write_kv, tested above) bit for bit, and q against nb_ref_rope_apply with
+// rope's tolerance.
+static uint16_t cvt_ref(float v, nb_dtype dt, int sat) {
+    if (sat) return nb_f32_to_f16_sat(v);
+    return dt == NB_DTYPE_F16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+}
+
+static void test_add_rmsnorm() {
+    const int shapes[][2] = {{1, 8}, {3, 64}, {5, 128}, {4, 100}, {7, 4096}, {2, 8192}, {33, 2048}};
+    const nb_dtype dts[] = {NB_DTYPE_F32, NB_DTYPE_F16, NB_DTYPE_BF16};
+    // cvt kinds: none (f32 out only), f16, bf16, f16 saturating; each with
+    // and without the f32 out, with and without the residual.
+    long cases = 0, mism = 0, elems = 0;
+    for (auto &sh : shapes)
+        for (nb_dtype dt : dts)
+            for (int kind = 0; kind < 4; kind++)
+                for (int with_res = 0; with_res < 2; with_res++) {
+                    const int n = sh[0], d = sh[1];
+                    const bool want32 = kind == 0 || (cases & 1);
+                    std::vector<float> x((size_t)n * d), r(x.size());
+                    for (int i = 0; i < n; i++) {
+                        float scale = i % 3 == 0 ? 1.0f : i % 3 == 1 ? 300.0f : 1e-3f;
+                        for (int j = 0; j < d; j++) {
+                            x[(size_t)i * d + j] = rnd_normal() * scale;
+                            r[(size_t)i * d + j] = rnd_normal() * scale;
+                        }
+                    }
+                    // Weights up to 1e5 in f32 push outputs past f16's range
+                    // (the saturating conversion's edge).
+                    std::vector<uint8_t> w = make_dtype_buf((size_t)d, dt, false);
+                    if (dt == NB_DTYPE_F32)
+                        for (int j = 0; j < d; j += 7) nb_store_f32(w.data(), dt, j, rnd_range(-1e5f, 1e5f));
+                    std::vector<float> xr(x), ref(x.size());
+                    if (with_res) nb_ref_add(xr.data(), x.data(), r.data(), x.size());
+                    nb_ref_rmsnorm(ref.data(), xr.data(), w.data(), dt, n, d, 1e-5f);
+                    dbuf<float> dx(x), dr(r), dout(x.size());
+                    dbuf<uint8_t> dw(w);
+                    dbuf<uint16_t> dc(x.size());
+                    nb_cuda_cvt c = {nullptr, NB_DTYPE_F16, 0};
+                    if (kind > 0) c = {dc.p, kind == 2 ? NB_DTYPE_BF16 : NB_DTYPE_F16, kind == 3};
+                    NB_CHECK(nb_cuda_add_rmsnorm(dx.p, with_res ? dr.p : nullptr, dw.p, dt, n, d, 1e-5f,
+                                                 want32 ? dout.p : nullptr, c, 0));
+                    std::vector<float> gx = dx.down();
+                    for (size_t i = 0; i < gx.size(); i++) mism += !same_bits(gx[i], xr[i]);
+                    if (want32) {
+                        std::vector<float> go = dout.down();
+                        for (size_t i = 0; i < go.size(); i++) mism += !same_bits(go[i], ref[i]);
+                    }
+                    if (kind > 0) {
+                        std::vector<uint16_t> gc = dc.down();
+                        for (size_t i = 0; i < gc.size(); i++) mism += gc[i] != cvt_ref(ref[i], c.dt, c.sat);
+                    }
+                    elems += (long)x.size();
+                    cases++;
+                }
+    // Refusals: no output at all, out == x with a residual, sat with bf16.
+    dbuf<float> t(64);
+    dbuf<uint16_t> w16(8);
+    bool refused = nb_cuda_add_rmsnorm(t.p, nullptr, w16.p, NB_DTYPE_F16, 1, 8, 1e-5f, nullptr,
+                                       nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, 0) == NB_ERR_INVALID_ARG &&
+                   nb_cuda_add_rmsnorm(t.p, t.p + 8, w16.p, NB_DTYPE_F16, 1, 8, 1e-5f, t.p,
+                                       nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, 0) == NB_ERR_INVALID_ARG &&
+                   nb_cuda_add_rmsnorm(t.p, nullptr, w16.p, NB_DTYPE_F16, 1, 8, 1e-5f, nullptr,
+                                       nb_cuda_cvt{t.p + 16, NB_DTYPE_BF16, 1}, 0) == NB_ERR_INVALID_ARG;
+    summary(mism == 0 && refused, "add_rmsnorm", "%ld cases (d 8..8192, f32/f16/bf16 w, residual or not, "
+            "f32 / f16 / bf16 / f16-saturating outputs), %ld elems, %ld mismatches, bad args refused: %s; "
+            "contract: bit-exact with nb_ref_add + nb_ref_rmsnorm + conversion",
+            cases, elems, mism, refused ? "yes" : "NO");
+}
+
+static void test_silu_mul_cvt() {
+    const int shapes[][2] = {{1, 64}, {5, 1000}, {16, 14336}, {40, 4096}};
+    long elems = 0, bad = 0, inexact = 0, cmism = 0;
+    int64_t max_ulp = 0;
+    int kind = 0;
+    for (auto &sh : shapes) {
+        const int n = sh[0], I = sh[1], stride = 2 * I;
+        std::vector<float> gu((size_t)n * stride);
+        for (size_t i = 0; i < gu.size(); i++)
+            gu[i] = (i / I) % 2 == 0 ? rnd_range(-30.0f, 30.0f) : rnd_normal() * (kind == 3 ? 3e4f : 3.0f);
+        std::vector<float> g((size_t)n * I), u(g.size()), ref(g.size());
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < I; i++) {
+                g[(size_t)r * I + i] = gu[(size_t)r * stride + i];
+                u[(size_t)r * I + i] = gu[(size_t)r * stride + I + i];
+            }
+        nb_ref_silu_mul(ref.data(), g.data(), u.data(), g.size());
+        // The f32 result must also equal nb_cuda_silu_mul's bit for bit.
+        dbuf<float> dg(g), du(u), dsep(g.size()), dgu(gu), dout(g.size());
+        dbuf<uint16_t> dc(g.size());
+        NB_CHECK(nb_cuda_silu_mul(dsep.p, dg.p, du.p, g.size(), 0));
+        nb_cuda_cvt c = {dc.p, kind == 1 ? NB_DTYPE_BF16 : NB_DTYPE_F16, kind >= 2};
+        NB_CHECK(nb_cuda_silu_mul_cvt(dout.p, c, dgu.p, dgu.p + I, stride, n, I, 0));
+        std::vector<float> got = dout.down(), sep = dsep.down();
+        std::vector<uint16_t> gc = dc.down();
+        for (size_t i = 0; i < got.size(); i++) {
+            cmism += !same_bits(got[i], sep[i]) || gc[i] != cvt_ref(got[i], c.dt, c.sat);
+            if (!same_bits(got[i], ref[i])) inexact++;
+            int64_t dd = ulp_dist(got[i], ref[i]);
+            if (dd > max_ulp) max_ulp = dd;
+            if (dd > 4) bad++;
+        }
+        elems += (long)got.size();
+        kind = (kind + 1) % 4;
+    }
+    summary(bad == 0 && cmism == 0, "silu_mul_cvt", "%ld elems (strided gate/up rows, f16/bf16/f16-sat "
+            "copies), %ld differ from nb_cuda_silu_mul or its conversion (contract: 0); vs nb_ref_silu_mul "
+            "%ld not bit-exact, max %lld ulp (tol 4 ulp, as silu_mul)",
+            elems, cmism, inexact, (long long)max_ulp);
+}
+
+static void test_rope_write_kv() {
+    const nb_dtype dts[] = {NB_DTYPE_F32, NB_DTYPE_F16, NB_DTYPE_BF16};
+    const int Ds[] = {8, 64, 128};
+    long cases = 0, mism = 0, bad = 0, bytes = 0;
+    for (nb_dtype dt : dts)
+        for (int D : Ds)
+            for (int fused = 0; fused < 2; fused++) {
+                const int Hkv = fused ? 8 : 2, Hq = fused ? 32 : 2, n = 21;
+                nb_kv_layout lay = {2, Hkv, D, 16, dt, 0, 6};
+                const int layer = 1, slots = lay.n_fpblocks * lay.group_size;
+                std::vector<int32_t> perm(slots);
+                for (int i = 0; i < slots; i++) perm[i] = i;
+                for (int i = slots - 1; i > 0; i--) std::swap(perm[i], perm[rnd32() % (i + 1)]);
+                std::vector<int32_t> fb(n), sl(n), pos(n);
+                for (int i = 0; i < n; i++) {
+                    fb[i] = perm[i] / 16, sl[i] = perm[i] % 16;
+                    pos[i] = (int32_t)(rnd32() % 131072);
+                }
+                fb[n - 1] = lay.n_fpblocks; // out of the pool: skipped by both paths
+                std::vector<float> inv(D / 2);
+                NB_CHECK(nb_ref_rope_inv_freq(inv.data(), D, 500000.0f, NULL));
+                const int W = Hq * D + 2 * Hkv * D; // a fused qkv row
+                std::vector<float> qkv((size_t)n * W);
+                for (auto &v : qkv) v = rnd_normal() * 4.0f;
+                std::vector<float> q((size_t)n * Hq * D), k((size_t)n * Hkv * D), v(k.size());
+                for (int r = 0; r < n; r++) {
+                    memcpy(&q[(size_t)r * Hq * D], &qkv[(size_t)r * W], sizeof(float) * Hq * D);
+                    memcpy(&k[(size_t)r * Hkv * D], &qkv[(size_t)r * W + Hq * D], sizeof(float) * Hkv * D);
+                    memcpy(&v[(size_t)r * Hkv * D], &qkv[(size_t)r * W + (Hq + Hkv) * D],
+                           sizeof(float) * Hkv * D);
+                }
+                std::vector<uint8_t> pool(nb_kv_fp_bytes(&lay), 0xA5);
+                dbuf<uint8_t> dpool_a(pool), dpool_b(pool);
+                dbuf<float> dq(q), dk(k), dv(v), dqkv(qkv), dqo(q.size()), dinv(inv);
+                dbuf<int32_t> dfb(fb), dsl(sl), dpos(pos);
+                // Separate kernels (their C twins are tested above).
+                NB_CHECK(nb_cuda_rope_apply(dq.p, dpos.p, n, Hq, D, dinv.p, 0));
+                NB_CHECK(nb_cuda_rope_apply(dk.p, dpos.p, n, Hkv, D, dinv.p, 0));
+                NB_CHECK(nb_cuda_write_kv(&lay, dpool_a.p, layer, dk.p, dv.p, dfb.p, dsl.p, n, 0));
+                // Fused: from the packed qkv rows, or (unfused layout) in place.
+                dbuf<float> dq2(q), dk2(k), dv2(v);
+                if (fused)
+                    NB_CHECK(nb_cuda_rope_write_kv(dqo.p, dqkv.p, W, dqkv.p + Hq * D, dqkv.p + (Hq + Hkv) * D, W,
+                                                   dpos.p, n, Hq, dinv.p, &lay, dpool_b.p, layer, dfb.p, dsl.p,
+                                                   0));
+                else
+                    NB_CHECK(nb_cuda_rope_write_kv(dq2.p, dq2.p, Hq * D, dk2.p, dv2.p, Hkv * D, dpos.p, n, Hq,
+                                                   dinv.p, &lay, dpool_b.p, layer, dfb.p, dsl.p, 0));
+                std::vector<uint8_t> pa = dpool_a.down(), pb = dpool_b.down();
+                for (size_t i = 0; i < pa.size(); i++) mism += pa[i] != pb[i];
+                std::vector<float> qa = dq.down(), qb = fused ? dqo.down() : dq2.down();
+                for (size_t i = 0; i < qa.size(); i++) mism += !same_bits(qa[i], qb[i]);
+                // q against the C twin, rope's tolerance.
+                std::vector<float> qr(q);
+                nb_ref_rope_apply(qr.data(), pos.data(), n, Hq, D, inv.data());
+                const int h = D / 2;
+                for (size_t e = 0; e < qb.size(); e++) {
+                    size_t base = e / D * D;
+                    int i = (int)(e % D) % h;
+                    double mag = fabs(q[base + i]) + fabs(q[base + i + h]);
+                    if (fabs((double)qb[e] - (double)qr[e]) > ldexp(mag, -22)) bad++;
+                }
+                bytes += (long)pa.size();
+                cases++;
+            }
+    summary(mism == 0 && bad == 0, "rope_write_kv", "%ld cases (D 8/64/128, f32/f16/bf16 cache, packed qkv "
+            "rows and separate in-place q, a row outside the pool), %ld bytes/q values differ from "
+            "rope_apply + write_kv (contract: 0), %ld q values outside rope's tolerance vs nb_ref_rope_apply",
+            cases, mism, bad);
+}
+
 // ------------------------------------------------------------ convert
 static void test_convert() {
     long mism = 0, total = 0;
@@ -899,6 +1086,9 @@ int main() {
     test_silu_add();
     test_embed();
     test_write_kv();
+    test_add_rmsnorm();
+    test_silu_mul_cvt();
+    test_rope_write_kv();
     test_convert();
     test_philox();
     test_argmax();
