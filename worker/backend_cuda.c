@@ -63,6 +63,7 @@ typedef struct dlin {
 
 typedef struct dlayer {
     dlin wq, wk, wv, wo, gate, up, down;
+    dlin qkv, gu; // the fused projections (be->fqkv / be->fgu): wq|wk|wv and gate|up rows
     const void *attn_norm, *ffn_norm; // device, model dtype
     nb_dtype attn_norm_dt, ffn_norm_dt;
 } dlayer;
@@ -167,6 +168,8 @@ typedef struct cuda_backend {
     // workspace: Rp = max_rows rounded up to STEP_SLICE, LRp likewise for logit rows
     int Rp, LRp, maxk;
     float *x, *xb, *q, *k, *v, *att, *gate, *up, *tmp, *xl, *logits;
+    float *qkv;        // [Rp][Hq + 2*Hkv] fused q/k/v projection output (fqkv)
+    bool fqkv, fgu;    // q/k/v and gate/up run as one matmul each (every layer)
     void *xa_d, *xa_q; // converted inputs of the dense / quantized linear layers
     void *attn_ws;
     size_t attn_ws_bytes;
@@ -292,6 +295,40 @@ static lin_path path_of(const cuda_backend *be, const dlin *L, nb_fwd_mode mode)
     return LIN_DENSE;
 }
 
+// Quantizes w on the host into the CUDA layouts (linear_cuda.h): *h (caller
+// frees) holds the upper plane, the lower plane when int8, then sz.
+static nb_status wq_host(const nb_tensor_view *w, bool int8, uint8_t **h_out, char *err, size_t err_len) {
+    const int m = (int)w->shape[0], k = (int)w->shape[1];
+    size_t plane = 0, n_groups = 0;
+    nb_status st = nb_wq_sizes(m, k, &plane, &n_groups);
+    if (st != NB_OK) return st;
+    const size_t planes = plane * (int8 ? 2 : 1);
+    const size_t bytes = planes + nb_cuda_wq_sz_elems(m, k) * sizeof(uint16_t);
+    // h: what is uploaded, then wquant.h's scale and zero arrays.
+    uint8_t *h = malloc(bytes + 2 * n_groups * sizeof(uint16_t));
+    if (!h) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w->name);
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    uint16_t *hs = (uint16_t *)(h + bytes);
+    st = nb_wq_quantize(w->data, w->dtype, m, k, h, int8 ? h + plane : NULL, hs, hs + n_groups);
+    if (st != NB_OK) {
+        free(h);
+        nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w->name, nb_status_str(st));
+        return st;
+    }
+    st = nb_cuda_wq_pack_plane(h, plane);
+    if (st == NB_OK && int8) st = nb_cuda_wq_pack_plane(h + plane, plane);
+    if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + planes), hs, hs + n_groups, m, k);
+    if (st != NB_OK) {
+        free(h);
+        nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w->name, nb_status_str(st));
+        return st;
+    }
+    *h_out = h;
+    return NB_OK;
+}
+
 // Uploads one linear layer: the dense weights when some pass uses them, the
 // hierarchical quantized copy (quantized on the host by the same reference
 // function as the cpu backend, so both backends hold identical codes).
@@ -333,26 +370,121 @@ static nb_status lin_init(cuda_backend *be, dlin *L, const nb_tensor_view *w,
         L->q.lower = int8 ? (const uint8_t *)1 : NULL;
         return NB_OK;
     }
-    // h: what is uploaded, then wquant.h's scale and zero arrays.
-    uint8_t *h = malloc(bytes + 2 * n_groups * sizeof(uint16_t));
-    if (!h) {
-        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w->name);
-        return NB_ERR_OUT_OF_MEMORY;
-    }
-    uint16_t *hs = (uint16_t *)(h + bytes);
-    st = nb_wq_quantize(w->data, w->dtype, L->m, L->k, h, int8 ? h + plane : NULL, hs, hs + n_groups);
-    if (st != NB_OK) {
-        free(h);
-        nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w->name, nb_status_str(st));
-        return st;
-    }
-    st = nb_cuda_wq_pack_plane(h, plane);
-    if (st == NB_OK && int8) st = nb_cuda_wq_pack_plane(h + plane, plane);
-    if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + planes), hs, hs + n_groups, L->m, L->k);
+    uint8_t *h = NULL;
+    st = wq_host(w, int8, &h, err, err_len);
     if (st == NB_OK) st = h2d(be, dev, h, bytes, err, err_len);
-    else nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w->name, nb_status_str(st));
     free(h);
     return st;
+}
+
+// Rows [r0, r0 + m) of a fused projection: the dense copy (converted to
+// be->adt), the bias and the quantized copy of part w, at their offsets.
+// Every part but the last has m % 16 == 0, so its quantized rows are whole
+// 16-row tiles: the fused sz is the parts' sz one after the other.
+static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_view *w, const nb_tensor_view *b,
+                              int r0, char *err, size_t err_len) {
+    const int m = (int)w->shape[0], k = L->k;
+    nb_status st = NB_OK;
+    if (L->w) {
+        const size_t es = nb_dtype_size(be->adt), n = (size_t)m * k;
+        uint8_t *dst = (uint8_t *)L->w + (size_t)r0 * k * es;
+        if (w->dtype == be->adt) {
+            st = h2d(be, dst, w->data, n * es, err, err_len);
+        } else {
+            void *tmp = malloc(n * es);
+            if (!tmp) {
+                nb_set_err(err, err_len, "cuda backend: out of host memory converting %s", w->name);
+                return NB_ERR_OUT_OF_MEMORY;
+            }
+            for (size_t i = 0; i < n; i++) nb_store_f32(tmp, be->adt, i, nb_load_f32(w->data, w->dtype, i));
+            st = h2d(be, dst, tmp, n * es, err, err_len);
+            free(tmp);
+        }
+        if (st != NB_OK) return st;
+    }
+    if (L->bias) {
+        const size_t es = nb_dtype_size(L->bias_dt);
+        st = h2d(be, (uint8_t *)L->bias + (size_t)r0 * es, b->data, (size_t)m * es, err, err_len);
+        if (st != NB_OK) return st;
+    }
+    if (!L->q.upper) return NB_OK;
+    const bool int8 = L->q.lower != NULL;
+    size_t plane = 0, total_plane = 0;
+    nb_wq_sizes(m, k, &plane, NULL);
+    nb_wq_sizes(L->m, k, &total_plane, NULL);
+    uint8_t *h = NULL;
+    if ((st = wq_host(w, int8, &h, err, err_len)) != NB_OK) return st;
+    const size_t off = (size_t)r0 * k / 2, szn = nb_cuda_wq_sz_elems(m, k);
+    uint8_t *up = (uint8_t *)L->q.upper;
+    st = h2d(be, up + off, h, plane, err, err_len);
+    if (st == NB_OK && int8) st = h2d(be, up + total_plane + off, h + plane, plane, err, err_len);
+    if (st == NB_OK)
+        st = h2d(be, (uint16_t *)L->q.sz + (size_t)r0 / 16 * (k / nb_wq_group_size(k)) * 32,
+                 h + plane * (int8 ? 2 : 1), szn * sizeof(uint16_t), err, err_len);
+    free(h);
+    return st;
+}
+
+// One linear layer made of np parts stacked by rows (q|k|v, gate|up): one
+// matmul instead of np launches. The caller checked lin_fusable().
+static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *const *w,
+                              const nb_tensor_view *const *b, int np, char *err, size_t err_len) {
+    memset(L, 0, sizeof(*L));
+    for (int i = 0; i < np; i++) L->m += (int)w[i]->shape[0];
+    L->k = (int)w[0]->shape[1];
+    const nb_backend_config *c = &be->cfg;
+    const bool int8 = c->target_weights == NB_TARGET_WEIGHTS_INT8;
+    size_t plane = 0;
+    const bool quantizable = nb_wq_sizes(L->m, L->k, &plane, NULL) == NB_OK;
+    const bool want_q = quantizable && (c->draft_w4 || int8);
+    nb_status st;
+    void *dev = NULL;
+    if (!(int8 && quantizable)) {
+        const size_t bytes = (size_t)L->m * L->k * nb_dtype_size(be->adt);
+        if ((st = dev_alloc(be, &dev, bytes, err, err_len)) != NB_OK) return st;
+        be->weight_bytes += bytes;
+        L->w = dev;
+    }
+    if (b[0] && b[0]->data) {
+        L->bias_dt = b[0]->dtype;
+        const size_t bytes = (size_t)L->m * nb_dtype_size(L->bias_dt);
+        if ((st = dev_alloc(be, &dev, bytes, err, err_len)) != NB_OK) return st;
+        be->weight_bytes += bytes;
+        L->bias = dev;
+    }
+    if (want_q) {
+        const size_t bytes = plane * (int8 ? 2 : 1) + nb_cuda_wq_sz_elems(L->m, L->k) * sizeof(uint16_t);
+        if ((st = dev_alloc(be, &dev, bytes, err, err_len)) != NB_OK) return st;
+        be->wq_bytes += bytes;
+        uint8_t *d = dev;
+        L->q.upper = d;
+        L->q.lower = int8 ? d + plane : NULL;
+        L->q.sz = (const uint16_t *)(d + plane * (int8 ? 2 : 1));
+    }
+    if (be->plan_only) {
+        if (want_q) { // non-NULL: the path rule needs to see a copy
+            L->q.upper = (const uint8_t *)1;
+            L->q.lower = int8 ? (const uint8_t *)1 : NULL;
+        }
+        return NB_OK;
+    }
+    for (int i = 0, r0 = 0; i < np; r0 += (int)w[i]->shape[0], i++)
+        if ((st = lin_put_part(be, L, w[i], b[i], r0, err, err_len)) != NB_OK) return st;
+    return NB_OK;
+}
+
+// Can parts w[0..np) (biases b) be one stacked matrix? Same k and dtype,
+// every part but the last a whole number of 16-row tiles (the quantized
+// copy's sz is tile-major), biases all present with one dtype or all absent.
+static bool lin_fusable(const nb_tensor_view *const *w, const nb_tensor_view *const *b, int np) {
+    const bool has_b = b[0] && b[0]->data;
+    for (int i = 0; i < np; i++) {
+        if (w[i]->ndim != 2 || w[i]->shape[1] != w[0]->shape[1] || w[i]->dtype != w[0]->dtype) return false;
+        if (i < np - 1 && w[i]->shape[0] % 16 != 0) return false;
+        const bool hb = b[i] && b[i]->data;
+        if (hb != has_b || (hb && b[i]->dtype != b[0]->dtype)) return false;
+    }
+    return true;
 }
 
 static void cuda_destroy(nb_backend *base) {
@@ -517,6 +649,63 @@ static nb_status stage_in(cuda_backend *be, const float *src, int n, int k, lin_
     return NB_OK;
 }
 
+// Where a fused op (RMSNorm, SwiGLU) writes the input of a stage whose
+// layers take paths p0 and p1: one converted copy when that serves every
+// layer (the choices of stage_in), else the f32 rows (f32) for stage_in.
+typedef struct stage_out {
+    float *f32;
+    nb_cuda_cvt cvt;
+    bool generic; // call stage_in on f32 after the op
+} stage_out;
+
+static nb_status stage_plan(cuda_backend *be, float *f32, lin_path p0, lin_path p1, stage_out *o,
+                            const void **xd, const void **xq) {
+    const bool dense = p0 == LIN_DENSE || p1 == LIN_DENSE, quant = p0 != LIN_DENSE || p1 != LIN_DENSE;
+    *o = (stage_out){NULL, {NULL, NB_DTYPE_F32, 0}, false};
+    *xd = *xq = NULL;
+    if (p0 != LIN_DENSE && p1 != LIN_DENSE && p0 != p1) return NB_ERR_INTERNAL;
+    const lin_path pq = p0 != LIN_DENSE ? p0 : p1;
+    const nb_dtype qdt = qx_of(be, pq);
+    if (dense && be->adt == NB_DTYPE_F32) {
+        o->f32 = f32;
+        *xd = f32;
+        if (quant) o->generic = true;
+    } else if (dense) {
+        o->cvt = (nb_cuda_cvt){be->xa_d, be->adt, 0};
+        *xd = be->xa_d;
+        if (quant && be->adt == qdt) *xq = be->xa_d; // as stage_in: the dense copy serves both
+        else if (quant) o->f32 = f32, o->generic = true;
+    } else {
+        o->cvt = (nb_cuda_cvt){be->xa_q, qdt, pq == LIN_Q4};
+        *xq = be->xa_q;
+    }
+    if (o->generic) o->f32 = f32, o->cvt.p = NULL;
+    return NB_OK;
+}
+
+// x (+= res, when res) then RMSNorm into the inputs of a stage's layers.
+static nb_status norm_stage(cuda_backend *be, const float *res, const void *w, nb_dtype wdt, int R,
+                            lin_path p0, lin_path p1, const void **xd, const void **xq) {
+    const int H = be->mc->hidden_size;
+    stage_out o;
+    nb_status st = stage_plan(be, be->xb, p0, p1, &o, xd, xq);
+    if (st == NB_OK)
+        st = nb_cuda_add_rmsnorm(be->x, res, w, wdt, R, H, be->mc->rms_norm_eps, o.f32, o.cvt, be->stream);
+    if (st == NB_OK && o.generic) st = stage_in(be, be->xb, R, H, p0, p1, xd, xq);
+    return st;
+}
+
+// SwiGLU of (strided) gate/up rows into the down projection's input.
+static nb_status silu_stage(cuda_backend *be, const float *gate, const float *up, int stride, int R,
+                            lin_path p, const void **xd, const void **xq) {
+    const int I = be->mc->intermediate_size;
+    stage_out o;
+    nb_status st = stage_plan(be, be->up, p, p, &o, xd, xq);
+    if (st == NB_OK) st = nb_cuda_silu_mul_cvt(o.f32, o.cvt, gate, up, stride, R, I, be->stream);
+    if (st == NB_OK && o.generic) st = stage_in(be, be->up, R, I, p, p, xd, xq);
+    return st;
+}
+
 // out[n][m] f32 = x . W^T + bias. Step mode: STEP_SLICE-row slices (the
 // input and output buffers hold n rounded up to the slice); dense slices are
 // padded to the full slice (cuBLAS picks its algorithm by shape), quantized
@@ -572,19 +761,29 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
     nb_pa_args pa = ps->pa;
     cudaStream_t S = be->stream;
     CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
+    const int Hkv = mc->n_kv_heads * D, W = Hq + 2 * Hkv;
     for (int l = 0; l < mc->n_layers; l++) {
         const dlayer *L = &be->layers[l];
         const void *xd, *xq;
-        CK(nb_cuda_rmsnorm(be->xb, be->x, L->attn_norm, L->attn_norm_dt, R, H, mc->rms_norm_eps, S),
+        // The residual of the previous layer's MLP is added here, fused
+        // with this layer's RMSNorm and the conversion to what q/k/v read.
+        const dlin *l0 = be->fqkv ? &L->qkv : &L->wq, *l1 = be->fqkv ? &L->qkv : &L->wk;
+        CK(norm_stage(be, l > 0 ? be->tmp : NULL, L->attn_norm, L->attn_norm_dt, R, path_of(be, l0, mode),
+                      path_of(be, l1, mode), &xd, &xq),
            "rmsnorm");
-        CK(stage_in(be, be->xb, R, H, path_of(be, &L->wq, mode), path_of(be, &L->wk, mode), &xd, &xq),
-           "convert");
-        CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
-        CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
-        CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
-        CK(nb_cuda_rope_apply(be->q, d_pos, R, mc->n_heads, D, be->inv_freq, S), "rope");
-        CK(nb_cuda_rope_apply(be->k, d_pos, R, mc->n_kv_heads, D, be->inv_freq, S), "rope");
-        CK(nb_cuda_write_kv(&be->lay, be->pools.fp, l, be->k, be->v, d_kvb, d_kvs, R, S), "kv write");
+        if (be->fqkv) {
+            CK(lin_run(be, be->qkv, xd, xq, R, &L->qkv, mode, step), "qkv projection");
+            CK(nb_cuda_rope_write_kv(be->q, be->qkv, W, be->qkv + Hq, be->qkv + Hq + Hkv, W, d_pos, R,
+                                     mc->n_heads, be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
+               "rope + kv write");
+        } else {
+            CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
+            CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
+            CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
+            CK(nb_cuda_rope_write_kv(be->q, be->q, Hq, be->k, be->v, Hkv, d_pos, R, mc->n_heads,
+                                     be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
+               "rope + kv write");
+        }
         pa.layer = l;
         pa.q = be->q;
         pa.out = be->att;
@@ -592,29 +791,34 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         CK(stage_in(be, be->att, R, Hq, path_of(be, &L->wo, mode), path_of(be, &L->wo, mode), &xd, &xq),
            "convert");
         CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
-        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
-        CK(nb_cuda_rmsnorm(be->xb, be->x, L->ffn_norm, L->ffn_norm_dt, R, H, mc->rms_norm_eps, S),
-           "rmsnorm");
-        CK(stage_in(be, be->xb, R, H, path_of(be, &L->gate, mode), path_of(be, &L->up, mode), &xd, &xq),
-           "convert");
-        CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
-        CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
-        CK(nb_cuda_silu_mul(be->gate, be->gate, be->up, (size_t)R * I, S), "swiglu");
-        CK(stage_in(be, be->gate, R, I, path_of(be, &L->down, mode), path_of(be, &L->down, mode), &xd,
-                    &xq),
-           "convert");
+        const dlin *g0 = be->fgu ? &L->gu : &L->gate, *g1 = be->fgu ? &L->gu : &L->up;
+        CK(norm_stage(be, be->tmp, L->ffn_norm, L->ffn_norm_dt, R, path_of(be, g0, mode), path_of(be, g1, mode),
+                      &xd, &xq),
+           "residual + rmsnorm");
+        if (be->fgu) {
+            CK(lin_run(be, be->gate, xd, xq, R, &L->gu, mode, step), "gate/up projection");
+            CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R, path_of(be, &L->down, mode), &xd, &xq),
+               "swiglu");
+        } else {
+            CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
+            CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
+            CK(silu_stage(be, be->gate, be->up, I, R, path_of(be, &L->down, mode), &xd, &xq), "swiglu");
+        }
         CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
-        CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
     }
+    CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
     if (n_logits > 0) {
         // The rows that need logits (lrow: their indices) into xl: a gather,
         // which is the embedding lookup with x as the table.
         CK(nb_cuda_embed(be->xl, be->x, NB_DTYPE_F32, d_lrow, n_logits, H, R, S), "gather");
         const void *xd, *xq;
-        CK(nb_cuda_rmsnorm(be->xl, be->xl, be->out_norm, be->out_norm_dt, n_logits, H, mc->rms_norm_eps, S),
-           "final rmsnorm");
         lin_path lp = path_of(be, &be->lm_head, mode);
-        CK(stage_in(be, be->xl, n_logits, H, lp, lp, &xd, &xq), "convert");
+        stage_out o;
+        CK(stage_plan(be, be->xl, lp, lp, &o, &xd, &xq), "final rmsnorm");
+        CK(nb_cuda_add_rmsnorm(be->xl, NULL, be->out_norm, be->out_norm_dt, n_logits, H, mc->rms_norm_eps, o.f32,
+                               o.cvt, S),
+           "final rmsnorm");
+        if (o.generic) CK(stage_in(be, be->xl, n_logits, H, lp, lp, &xd, &xq), "convert");
         CK(lin_run(be, be->logits, xd, xq, n_logits, &be->lm_head, mode, step), "lm head");
     }
     return NB_OK;
@@ -1000,9 +1204,22 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         nb_set_err(err, err_len, "cuda backend: out of host memory");
         return NB_ERR_OUT_OF_MEMORY;
     }
+    // q|k|v and gate|up as one matmul each when every layer's parts stack
+    // (kernel launches are a large share of a decode step at 7-8B: each
+    // fused pair saves a launch per layer and reads x once).
+    be->fqkv = be->fgu = true;
+    for (int l = 0; l < mc->n_layers; l++) {
+        const nb_layer_weights *lw = &mw->layers[l];
+        const nb_tensor_view *qw[3] = {&lw->wq, &lw->wk, &lw->wv}, *qb[3] = {&lw->bq, &lw->bk, &lw->bv};
+        const nb_tensor_view *gw[2] = {&lw->w_gate, &lw->w_up}, *gb[2] = {NULL, NULL};
+        be->fqkv &= lin_fusable(qw, qb, 3);
+        be->fgu &= lin_fusable(gw, gb, 2);
+    }
     for (int l = 0; l < mc->n_layers; l++) {
         const nb_layer_weights *lw = &mw->layers[l];
         dlayer *dl = &be->layers[l];
+        const nb_tensor_view *qw[3] = {&lw->wq, &lw->wk, &lw->wv}, *qb[3] = {&lw->bq, &lw->bk, &lw->bv};
+        const nb_tensor_view *gw[2] = {&lw->w_gate, &lw->w_up}, *gb[2] = {NULL, NULL};
         struct {
             dlin *dst;
             const nb_tensor_view *w, *b;
@@ -1011,9 +1228,13 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
                    {&dl->gate, &lw->w_gate, NULL},       {&dl->up, &lw->w_up, NULL},
                    {&dl->down, &lw->w_down, NULL}};
         for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+            if ((i < 3 && be->fqkv) || ((i == 4 || i == 5) && be->fgu)) continue;
             st = lin_init(be, map[i].dst, map[i].w, map[i].b, err, err_len);
             if (st != NB_OK) return st;
         }
+        if ((be->fqkv && (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, err, err_len)) != NB_OK) ||
+            (be->fgu && (st = lin_init_cat(be, &dl->gu, gw, gb, 2, err, err_len)) != NB_OK))
+            return st;
         dl->attn_norm_dt = lw->attn_norm.dtype;
         dl->ffn_norm_dt = lw->ffn_norm.dtype;
         if ((st = upload_tensor(be, &lw->attn_norm, lw->attn_norm.dtype, &dl->attn_norm, err, err_len)) ||
@@ -1056,11 +1277,21 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     struct {
         float **p;
         size_t n;
-    } bufs[] = {{&be->x, Rp * H},    {&be->xb, Rp * H},   {&be->q, Rp * Hq},     {&be->k, Rp * Hkv},
-                {&be->v, Rp * Hkv},  {&be->att, Rp * Hq}, {&be->gate, Rp * I},   {&be->up, Rp * I},
-                {&be->tmp, Rp * H},  {&be->xl, LRp * H},  {&be->logits, LRp * V}};
+    } bufs[] = {{&be->x, Rp * H},
+                {&be->xb, Rp * H},
+                {&be->q, Rp * Hq},
+                {&be->k, be->fqkv ? 0 : Rp * Hkv},
+                {&be->v, be->fqkv ? 0 : Rp * Hkv},
+                {&be->qkv, be->fqkv ? Rp * (Hq + 2 * Hkv) : 0},
+                {&be->att, Rp * Hq},
+                {&be->gate, Rp * I * (be->fgu ? 2 : 1)}, // fused: the gate|up rows
+                {&be->up, Rp * I},                       // fused: SwiGLU's f32 rows, when wanted
+                {&be->tmp, Rp * H},
+                {&be->xl, LRp * H},
+                {&be->logits, LRp * V}};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        if ((st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len))) return st;
+        if (bufs[i].n && (st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len)))
+            return st;
     if ((st = dev_alloc(be, &be->xa_d, Rp * maxk * 2, err, err_len)) ||
         (st = dev_alloc(be, &be->xa_q, Rp * maxk * 2, err, err_len)))
         return st;
