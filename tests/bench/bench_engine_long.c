@@ -15,7 +15,11 @@
 //
 // Usage: bench_engine_long [--model synthetic:llama-3-8b | DIR] [--ctx 4096,32768]
 //          [--batch 1,8] [--new 32] [--gamma 4] [--chunk 1024] [--util 0.9]
-//          [--kinds fp16,quant] [--no-graphs]
+//          [--kinds fp16,quant] [--no-graphs] [--ncu]
+// --ncu: a cudaProfilerStart/Stop range around one decode step, one draft
+// call and one verify of the quantized engine, for
+// `ncu --profile-from-start off` (kernel durations without launch gaps).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdbool.h>
@@ -69,10 +73,11 @@ int main(int argc, char **argv) {
     int ctxs[MAXL] = {4096, 32768}, n_ctx = 2, Bs[MAXL] = {1, 8}, n_b = 2;
     int n_new = 32, gamma = 4, chunk = 1024;
     double util = 0.9;
-    bool graphs = true;
+    bool graphs = true, ncu = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-graphs")) { graphs = false; continue; }
+        if (!strcmp(a, "--ncu")) { ncu = true; continue; }
         if (!v) { fprintf(stderr, "%s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--model")) model = v;
@@ -186,6 +191,15 @@ int main(int argc, char **argv) {
                     for (int w = 0; w < 2; w++) {
                         CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
                         CHECK(nb_engine_verify(e, B, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
+                    }
+                    if (ncu) { // --ncu: a profiler range over one decode step, one draft call, one verify
+                        cudaDeviceSynchronize();
+                        cudaProfilerStart();
+                        CHECK(nb_engine_decode(e, B, seqs, 1, out, NULL, n_out, st) == NB_OK);
+                        CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
+                        CHECK(nb_engine_verify(e, B, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
+                        cudaDeviceSynchronize();
+                        cudaProfilerStop();
                     }
                     double td = 0, tv = 0;
                     long rounds = 0, produced = 0, accepted = 0;
