@@ -92,6 +92,17 @@ __device__ __forceinline__ void store_cvt(const nb_cuda_cvt &c, size_t i, float 
     else store_f32(c.p, c.dt, i, v);
 }
 
+// Programmatic dependent launch: lets the NEXT kernel, when it is launched
+// with the PDL attribute (the quantized matmuls' decode kernel, which reads
+// its weights before griddepcontrol.wait and its input after it), start
+// streaming its weights while this small kernel runs. A kernel launched
+// without the attribute still waits for this one to finish; one launched
+// with it waits in griddepcontrol.wait for this grid's completion before it
+// touches what this grid writes, so the trigger's place cannot change a
+// result. Measured (ncu, Llama-3-8B shape, one row): RMSNorm 7.4 us, SwiGLU
+// 3.4 us, conversions 2.5 us, each ahead of a matmul.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // ------------------------------------------------------------ rmsnorm
 // One block per row. The row is staged in shared memory; threads 0..7 run
 // the eight lane chains a_l = sum over k = l (mod 8) of x_k*x_k, in k order,
@@ -108,6 +119,7 @@ constexpr int RN = 4;
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float *out, float *x, const float *res,
                                                                const void *w, nb_dtype dt, int d,
                                                                float eps, nb_cuda_cvt cvt) {
+    pdl_trigger();
     extern __shared__ float xs[]; // [d]
     __shared__ float lane_sum[8];
     __shared__ float r_sh;
@@ -248,6 +260,7 @@ __global__ void write_kv_kernel(nb_kv_layout lay, void *fp, int layer, const flo
 
 // nb_f32_to_f16_sat: finite values past the f16 range to +-65504.
 __global__ void convert_f16_sat_kernel(uint16_t *dst, const float *src, size_t n) {
+    pdl_trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = f32_to_f16_sat(src[i]);
@@ -255,6 +268,7 @@ __global__ void convert_f16_sat_kernel(uint16_t *dst, const float *src, size_t n
 
 __global__ void convert_kernel(void *dst, nb_dtype dst_dt, const void *src, nb_dtype src_dt,
                                size_t n) {
+    pdl_trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         if (dst_dt == src_dt && dst_dt != NB_DTYPE_F32)
@@ -308,6 +322,7 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
 // SwiGLU of strided gate/up rows into [n][I] (f32 and/or converted).
 __global__ void silu_mul_cvt_kernel(float *out, nb_cuda_cvt cvt, const float *gate, const float *up,
                                     int stride, int I, size_t total) {
+    pdl_trigger();
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
         const size_t r = e / (size_t)I, i = e - r * (size_t)I, src = r * (size_t)stride + i;
