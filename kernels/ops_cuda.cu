@@ -337,24 +337,6 @@ __global__ void silu_mul_cvt_kernel(float *out, nb_cuda_cvt cvt, const float *ga
 } // namespace
 
 // ------------------------------------------------------------ launchers
-extern "C" nb_status nb_cuda_rmsnorm(float *out, const float *x, const void *w, nb_dtype dt,
-                                     int n, int d, float eps, cudaStream_t stream) {
-    if (n < 0 || d < 1 || d > NB_CUDA_RMSNORM_MAX_D || !dtype_ok(dt)) return NB_ERR_INVALID_ARG;
-    if (n == 0) return NB_OK;
-    if (!out || !x || !w) return NB_ERR_INVALID_ARG;
-    size_t smem = (size_t)d * sizeof(float);
-    if (smem > 48 * 1024) {
-        // NOTE: above 48 KiB a block needs the dynamic limit raised (host-side
-        // attribute, no stream work; cheap and idempotent).
-        if (cudaFuncSetAttribute(rmsnorm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess)
-            return NB_ERR_BACKEND;
-    }
-    rmsnorm_kernel<<<(unsigned)n, kNormThreads, smem, stream>>>(out, (float *)x, nullptr, w, dt, d, eps,
-                                                             nb_cuda_cvt{nullptr, NB_DTYPE_F32, 0});
-    return launch_status();
-}
-
 static bool cvt_ok(const nb_cuda_cvt &c) {
     return !c.p || (c.sat ? c.dt == NB_DTYPE_F16 : (c.dt == NB_DTYPE_F16 || c.dt == NB_DTYPE_BF16 ||
                                                     c.dt == NB_DTYPE_F32));
@@ -368,11 +350,21 @@ extern "C" nb_status nb_cuda_add_rmsnorm(float *x, const float *res, const void 
     if (n == 0) return NB_OK;
     if (!x || !w || (!out && !cvt.p) || (res && out == x)) return NB_ERR_INVALID_ARG;
     size_t smem = (size_t)d * sizeof(float);
+    // NOTE: above 48 KiB a block needs the dynamic limit raised (host-side
+    // attribute, no stream work; cheap and idempotent).
     if (smem > 48 * 1024 && cudaFuncSetAttribute(rmsnorm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)smem) != cudaSuccess)
         return NB_ERR_BACKEND;
     rmsnorm_kernel<<<(unsigned)n, kNormThreads, smem, stream>>>(out, x, res, w, dt, d, eps, cvt);
     return launch_status();
+}
+
+// Without a residual the kernel only reads x, so the const is kept.
+extern "C" nb_status nb_cuda_rmsnorm(float *out, const float *x, const void *w, nb_dtype dt,
+                                     int n, int d, float eps, cudaStream_t stream) {
+    if (n > 0 && !out) return NB_ERR_INVALID_ARG;
+    return nb_cuda_add_rmsnorm((float *)x, nullptr, w, dt, n, d, eps, out, nb_cuda_cvt{nullptr, NB_DTYPE_F32, 0},
+                               stream);
 }
 
 extern "C" nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int q_stride, const float *k_in,

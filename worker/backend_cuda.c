@@ -242,6 +242,23 @@ static nb_status h2d(cuda_backend *be, void *dst, const void *src, size_t bytes,
 
 // A checkpoint tensor on the device in dtype dt (converted on the host when
 // it differs), uploaded once per (tensor, dtype): tied embeddings share it.
+// Uploads the first n elements of t to dst (device) in dtype dt, converted
+// on the host when t's dtype differs.
+static nb_status h2d_as(cuda_backend *be, void *dst, const nb_tensor_view *t, size_t n, nb_dtype dt,
+                        char *err, size_t err_len) {
+    const size_t bytes = n * nb_dtype_size(dt);
+    if (t->dtype == dt) return h2d(be, dst, t->data, bytes, err, err_len);
+    void *tmp = malloc(bytes);
+    if (!tmp) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory converting %s", t->name);
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) nb_store_f32(tmp, dt, i, nb_load_f32(t->data, t->dtype, i));
+    nb_status st = h2d(be, dst, tmp, bytes, err, err_len);
+    free(tmp);
+    return st;
+}
+
 static nb_status upload_tensor(cuda_backend *be, const nb_tensor_view *t, nb_dtype dt,
                                const void **out, char *err, size_t err_len) {
     for (int i = 0; i < be->n_uploads; i++)
@@ -256,21 +273,7 @@ static nb_status upload_tensor(cuda_backend *be, const nb_tensor_view *t, nb_dty
     nb_status st = dev_alloc(be, &dev, bytes, err, err_len);
     if (st != NB_OK) return st;
     be->weight_bytes += bytes;
-    if (!be->plan_only) {
-        if (t->dtype == dt) {
-            st = h2d(be, dev, t->data, bytes, err, err_len);
-        } else {
-            void *tmp = malloc(bytes);
-            if (!tmp) {
-                nb_set_err(err, err_len, "cuda backend: out of host memory converting %s", t->name);
-                return NB_ERR_OUT_OF_MEMORY;
-            }
-            for (size_t i = 0; i < n; i++) nb_store_f32(tmp, dt, i, nb_load_f32(t->data, t->dtype, i));
-            st = h2d(be, dev, tmp, bytes, err, err_len);
-            free(tmp);
-        }
-        if (st != NB_OK) return st;
-    }
+    if (!be->plan_only && (st = h2d_as(be, dev, t, n, dt, err, err_len)) != NB_OK) return st;
     if (be->n_uploads == be->cap_uploads) {
         int cap = be->cap_uploads ? 2 * be->cap_uploads : 64;
         upload_ent *u = realloc(be->uploads, (size_t)cap * sizeof(*u));
@@ -385,28 +388,12 @@ static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_v
                               int r0, char *err, size_t err_len) {
     const int m = (int)w->shape[0], k = L->k;
     nb_status st = NB_OK;
-    if (L->w) {
-        const size_t es = nb_dtype_size(be->adt), n = (size_t)m * k;
-        uint8_t *dst = (uint8_t *)L->w + (size_t)r0 * k * es;
-        if (w->dtype == be->adt) {
-            st = h2d(be, dst, w->data, n * es, err, err_len);
-        } else {
-            void *tmp = malloc(n * es);
-            if (!tmp) {
-                nb_set_err(err, err_len, "cuda backend: out of host memory converting %s", w->name);
-                return NB_ERR_OUT_OF_MEMORY;
-            }
-            for (size_t i = 0; i < n; i++) nb_store_f32(tmp, be->adt, i, nb_load_f32(w->data, w->dtype, i));
-            st = h2d(be, dst, tmp, n * es, err, err_len);
-            free(tmp);
-        }
-        if (st != NB_OK) return st;
-    }
-    if (L->bias) {
-        const size_t es = nb_dtype_size(L->bias_dt);
-        st = h2d(be, (uint8_t *)L->bias + (size_t)r0 * es, b->data, (size_t)m * es, err, err_len);
-        if (st != NB_OK) return st;
-    }
+    if (L->w && (st = h2d_as(be, (uint8_t *)L->w + (size_t)r0 * k * nb_dtype_size(be->adt), w, (size_t)m * k,
+                             be->adt, err, err_len)) != NB_OK)
+        return st;
+    if (L->bias && (st = h2d_as(be, (uint8_t *)L->bias + (size_t)r0 * nb_dtype_size(L->bias_dt), b, (size_t)m,
+                                L->bias_dt, err, err_len)) != NB_OK)
+        return st;
     if (!L->q.upper) return NB_OK;
     const bool int8 = L->q.lower != NULL;
     size_t plane = 0, total_plane = 0;

@@ -478,6 +478,16 @@ static void test_silu_mul_cvt() {
         elems += (long)got.size();
         kind = (kind + 1) % 4;
     }
+    // Refusals: stride shorter than a row, no output, saturating bf16.
+    dbuf<float> t(64);
+    const bool refused =
+        nb_cuda_silu_mul_cvt(t.p, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, t.p, t.p + 8, 7, 1, 8, 0) ==
+            NB_ERR_INVALID_ARG &&
+        nb_cuda_silu_mul_cvt(nullptr, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, t.p, t.p + 8, 16, 1, 8, 0) ==
+            NB_ERR_INVALID_ARG &&
+        nb_cuda_silu_mul_cvt(nullptr, nb_cuda_cvt{t.p, NB_DTYPE_BF16, 1}, t.p, t.p + 8, 16, 1, 8, 0) ==
+            NB_ERR_INVALID_ARG;
+    if (!refused) cmism++;
     summary(bad == 0 && cmism == 0, "silu_mul_cvt", "%ld elems (strided gate/up rows, f16/bf16/f16-sat "
             "copies), %ld differ from nb_cuda_silu_mul or its conversion (contract: 0); vs nb_ref_silu_mul "
             "%ld not bit-exact, max %lld ulp (tol 4 ulp, as silu_mul)",
@@ -549,8 +559,23 @@ static void test_rope_write_kv() {
                 bytes += (long)pa.size();
                 cases++;
             }
+    // Refusals: in place with a stride wider than q's rows, a short kv
+    // stride, a layer outside the layout.
+    {
+        nb_kv_layout lay = {2, 2, 64, 16, NB_DTYPE_F16, 0, 2};
+        dbuf<float> t(4096), dinv(32);
+        dbuf<int32_t> di(4);
+        dbuf<uint8_t> pool(nb_kv_fp_bytes(&lay));
+        const bool r1 = nb_cuda_rope_write_kv(t.p, t.p, 4 * 64 + 1, t.p, t.p, 128, di.p, 1, 4, dinv.p, &lay, pool.p,
+                                              0, di.p, di.p, 0) == NB_ERR_INVALID_ARG;
+        const bool r2 = nb_cuda_rope_write_kv(t.p, t.p, 256, t.p, t.p, 127, di.p, 1, 4, dinv.p, &lay, pool.p, 0,
+                                              di.p, di.p, 0) == NB_ERR_INVALID_ARG;
+        const bool r3 = nb_cuda_rope_write_kv(t.p, t.p, 256, t.p, t.p, 128, di.p, 1, 4, dinv.p, &lay, pool.p, 2,
+                                              di.p, di.p, 0) == NB_ERR_INVALID_ARG;
+        if (!(r1 && r2 && r3)) mism++;
+    }
     summary(mism == 0 && bad == 0, "rope_write_kv", "%ld cases (D 8/64/128, f32/f16/bf16 cache, packed qkv "
-            "rows and separate in-place q, a row outside the pool), %ld bytes/q values differ from "
+            "rows and separate in-place q, a row outside the pool; bad args refused), %ld bytes/q values or refusals differ from "
             "rope_apply + write_kv (contract: 0), %ld q values outside rope's tolerance vs nb_ref_rope_apply",
             cases, mism, bad);
 }
