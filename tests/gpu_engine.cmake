@@ -22,4 +22,7 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
   add_executable(bench_engine_long ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_engine_long.c)
   target_link_libraries(bench_engine_long PRIVATE nb_worker_core CUDA::cudart ${MATH_LIBRARY})
   target_include_directories(bench_engine_long PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  add_test(NAME bench_engine_long_args
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_engine_long_bad_args.sh $<TARGET_FILE:bench_engine_long>)
+  set_tests_properties(bench_engine_long_args PROPERTIES TIMEOUT 300)
 endif()

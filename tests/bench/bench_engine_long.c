@@ -40,17 +40,39 @@ static double now_s(void) {
 }
 
 #define MAXL 8
-static int parse_list(const char *s, int *v) {
+// "a,b,c": up to MAXL integers in [1, max]; -1 on anything else.
+static int parse_list(const char *s, int *v, long max) {
     int n = 0;
-    while (*s && n < MAXL) {
+    for (;;) {
         char *end;
         long x = strtol(s, &end, 10);
-        if (end == s || x <= 0) return -1;
+        if (end == s || x < 1 || x > max || n == MAXL) return -1;
         v[n++] = (int)x;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
+        if (*end == '\0') return n;
+        if (*end != ',') return -1;
+        s = end + 1;
     }
-    return n;
+}
+
+// An integer in [lo, hi], or false.
+static bool parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    long x = strtol(s, &end, 10);
+    if (end == s || *end || x < lo || x > hi) return false;
+    *out = (int)x;
+    return true;
+}
+
+static int usage(const char *why) {
+    fprintf(stderr,
+            "bench_engine_long: %s\n"
+            "usage: bench_engine_long [--model synthetic:NAME|DIR] [--ctx N,N..] [--batch N,N..]\n"
+            "         [--new N] [--gamma 1..8] [--chunk N] [--util (0,1]] [--kinds fp16,quant]\n"
+            "         [--no-graphs] [--ncu]\n"
+            "  --ctx: up to 8 contexts in 1..1048576; --batch: up to 8 batches in 1..64;\n"
+            "  --new 1..4096; --kinds: fp16, quant or both\n",
+            why);
+    return 2;
 }
 
 typedef struct cell {
@@ -78,21 +100,28 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-graphs")) { graphs = false; continue; }
         if (!strcmp(a, "--ncu")) { ncu = true; continue; }
-        if (!v) { fprintf(stderr, "%s needs a value\n", a); return 2; }
+        bool ok = true;
+        if (strcmp(a, "--model") && strcmp(a, "--ctx") && strcmp(a, "--batch") && strcmp(a, "--new") &&
+            strcmp(a, "--gamma") && strcmp(a, "--chunk") && strcmp(a, "--util") && strcmp(a, "--kinds"))
+            return usage("unknown option");
+        if (!v) return usage("an option needs a value");
         i++;
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--ctx")) n_ctx = parse_list(v, ctxs);
-        else if (!strcmp(a, "--batch")) n_b = parse_list(v, Bs);
-        else if (!strcmp(a, "--new")) n_new = atoi(v);
-        else if (!strcmp(a, "--gamma")) gamma = atoi(v);
-        else if (!strcmp(a, "--chunk")) chunk = atoi(v);
-        else if (!strcmp(a, "--util")) util = atof(v);
-        else if (!strcmp(a, "--kinds")) kinds = v;
-        else { fprintf(stderr, "unknown option %s\n", a); return 2; }
-    }
-    if (n_ctx <= 0 || n_b <= 0 || n_new < 1 || gamma < 1 || gamma > 8 || chunk < 1) {
-        fprintf(stderr, "bad --ctx/--batch/--new/--gamma/--chunk\n");
-        return 2;
+        else if (!strcmp(a, "--ctx")) ok = (n_ctx = parse_list(v, ctxs, 1L << 20)) > 0;
+        else if (!strcmp(a, "--batch")) ok = (n_b = parse_list(v, Bs, 64)) > 0;
+        else if (!strcmp(a, "--new")) ok = parse_int(v, 1, 4096, &n_new);
+        else if (!strcmp(a, "--gamma")) ok = parse_int(v, 1, 8, &gamma);
+        else if (!strcmp(a, "--chunk")) ok = parse_int(v, 1, 1 << 16, &chunk);
+        else if (!strcmp(a, "--util")) {
+            char *end;
+            util = strtod(v, &end);
+            ok = end != v && !*end && util > 0.0 && util <= 1.0;
+        } else {
+            kinds = v;
+            ok = !strcmp(v, "fp16") || !strcmp(v, "quant") || !strcmp(v, "fp16,quant") ||
+                 !strcmp(v, "quant,fp16");
+        }
+        if (!ok) return usage("a value outside its range");
     }
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
