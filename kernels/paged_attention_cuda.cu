@@ -1351,6 +1351,7 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
 }
 
 #include "paged_attention_tc.cuh"
+#include "paged_attention_prefill.cuh"
 
 // The scalar decode kernel on (chunk, kv head, sequence).
 template <int D, typename T, int MODE, int M> struct dec_launcher {
@@ -1474,6 +1475,59 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
         if constexpr (std::is_same<T, __half>::value) return tc_by_cps<T, NB_PA_FP_ONLY>(kp, a, s);
         return NB_ERR_UNSUPPORTED; // bf16 FP blocks would be converted to f16: the scalar kernel keeps them exact
     }
+}
+
+// The tensor-core prefill kernel: two CTAs of 4 warps per SM, 64 query
+// vectors each; split-K over whole blocks (as the chunk kernel's launcher)
+// when the (sequence, kv head, m-tile) CTAs do not fill one wave.
+template <typename T, int MODE> nb_status pf_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    void (*kern)(const pa_kp) = pa_prefill_kernel<T, MODE>;
+    static int dev_sms = 0, dev = -1;
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
+    if (cur != dev) { // NOTE: cached per instantiation; re-read when the device changes
+        if (cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
+            return NB_ERR_BACKEND;
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, PF_SMEM) != cudaSuccess)
+            return NB_ERR_BACKEND;
+        dev = cur;
+    }
+    const long M_max = (long)a->max_rows * kp.g;
+    kp.pl.n_mtiles = (int)((M_max + PF_MT - 1) / PF_MT);
+    if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
+    const int G = a->lay.group_size;
+    const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+    const long base = (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles;
+    const long target = (long)dev_sms * 2;
+    long chunks = (target + base - 1) / base;
+    if (chunks > units_max) chunks = units_max;
+    if (chunks > a->max_chunks) chunks = a->max_chunks;
+    if (chunks < 1) chunks = 1;
+    kp.inv = 0;
+    kp.upc = cdiv(units_max, (int)chunks);
+    kp.n_chunks = cdiv(units_max, kp.upc);
+    const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
+    if (st != NB_OK) return st;
+    dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
+    kern<<<grid, PF_NT, PF_SMEM, stream>>>(kp);
+    if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+    if (kp.n_chunks > 1) {
+        if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
+    }
+    return NB_OK;
+}
+// Calls of more than 8 query vectors per kv head (prefill chunks; verify
+// entries outside step mode) at D = 128 on f16/bf16 caches take the
+// tensor-core prefill kernel in the target and FP-only views;
+// NB_PA_PF=0 in the environment forces the scalar chunk kernel (tests and
+// benchmarks compare the two; read per call).
+bool use_pf(const nb_pa_args *a, bool aligned) {
+    const char *e = getenv("NB_PA_PF");
+    if (e && e[0] == '0') return false;
+    return aligned && a->lay.head_dim == TC_D && a->lay.group_size % PF_TT == 0 &&
+           (a->lay.dtype == NB_DTYPE_F16 || a->lay.dtype == NB_DTYPE_BF16) &&
+           (a->mode == NB_PA_TARGET || a->mode == NB_PA_FP_ONLY) && a->fixed_chunk_groups == 0 &&
+           ((uintptr_t)a->q | (uintptr_t)a->out) % 16 == 0;
 }
 
 // Which decode kernel runs a D = 128 call of <= 8 query vectors per kv
@@ -1688,6 +1742,14 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         if (D == 128) return dec_by_m<128, __nv_bfloat16>(kp, a, (int)M_max, stream);
         if (a->lay.dtype == NB_DTYPE_F16) return dec_by_m<64, __half>(kp, a, (int)M_max, stream);
         return dec_by_m<64, __nv_bfloat16>(kp, a, (int)M_max, stream);
+    }
+    if (use_pf(a, aligned)) {
+        const bool h = a->lay.dtype == NB_DTYPE_F16;
+        if (a->mode == NB_PA_TARGET)
+            return h ? pf_launch<__half, NB_PA_TARGET>(kp, a, stream)
+                     : pf_launch<__nv_bfloat16, NB_PA_TARGET>(kp, a, stream);
+        return h ? pf_launch<__half, NB_PA_FP_ONLY>(kp, a, stream)
+                 : pf_launch<__nv_bfloat16, NB_PA_FP_ONLY>(kp, a, stream);
     }
     if (fast && D == 128 && a->lay.dtype == NB_DTYPE_F16) return by_mode<128, __half>(kp, a, (int)M_max, stream);
     if (fast && D == 128) return by_mode<128, __nv_bfloat16>(kp, a, (int)M_max, stream);

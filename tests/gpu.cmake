@@ -17,4 +17,11 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
   add_test(NAME bench_attention_cuda_args
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_bad_args.sh $<TARGET_FILE:bench_attention_cuda>)
   set_tests_properties(bench_attention_cuda_args PROPERTIES TIMEOUT 120)
+
+  add_executable(bench_prefill_attention ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_prefill_attention.cu)
+  target_link_libraries(bench_prefill_attention PRIVATE nb_kernels_cuda CUDA::cudart)
+  add_test(NAME bench_prefill_attention_args
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_prefill_bad_args.sh
+                   $<TARGET_FILE:bench_prefill_attention>)
+  set_tests_properties(bench_prefill_attention_args PROPERTIES TIMEOUT 120)
 endif()

@@ -396,8 +396,16 @@ static int row_nq(int G, nb_pa_mode mode, const seq_case *s, int pos) {
     return nb_bm_view_qblocks_for_row(&bp, &v, pos);
 }
 
+// The prefill-shaped batch (test_attention's pf argument): {tokens, rows}
+// per sequence, rows ending at the last token. Fresh prompts (rows = all
+// tokens), chunks over quantized history of several lengths, rows that
+// straddle the pre-quantized C_F1 switch, a 2-row call (16 query vectors
+// at GQA 8), lengths that end mid-tile and mid-block.
+static const int PF_CASES[8][2] = {{300, 300}, {1000, 200}, {700, 64}, {150, 17},
+                                   {1100, 333}, {517, 2}, {900, 129}, {97, 97}};
+
 static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode, int prequant,
-                           int max_chunks, int inv_groups = 0) {
+                           int max_chunks, int inv_groups = 0, const int (*pf)[2] = NULL) {
     const int Hkv = 2, Hq = Hkv * ratio, layer = 1;
     int lens[] = {1, G - 1, G, G + 1, 2 * G + 3, 1000, 3 * G + 5, 4 * G + 9};
     int rows_opt[] = {1, 16, 3, 8, 2, 16, 8, 13};
@@ -406,9 +414,10 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     int need_q = 0, need_f = 0, total_rows = 0;
     for (int i = 0; i < n; i++) {
         seq_case *s = &cs[i];
-        s->T = lens[i];
+        s->T = pf ? pf[i][0] : lens[i];
         s->rows = rows_opt[(i + ratio + mode) % 8] < s->T ? rows_opt[(i + ratio + mode) % 8] : s->T;
         if (i == 6) s->rows = 8; // T = 3G+5: rows 3G-3 .. 3G+4 straddle the prequant switch
+        if (pf) s->rows = pf[i][1] < s->T ? pf[i][1] : s->T;
         s->pos0 = s->T - s->rows;
         if (mode == NB_PA_FP_ONLY) {
             s->nq = 0;
@@ -479,6 +488,15 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
                 work);
         row += cs[i].rows;
     }
+    // paged_attention_cuda.cu's use_pf: the tensor-core prefill kernel takes
+    // calls of > 8 query vectors per kv head at D = 128, G % 32 == 0,
+    // f16/bf16 caches, target and FP-only views (NB_PA_PF=0: the scalar one)
+    const char *pf_env = getenv("NB_PA_PF");
+    const bool pf_path = !(pf_env && pf_env[0] == '0') && D == 128 && G % 32 == 0 &&
+                         (dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16) && mode != NB_PA_DRAFT;
+    long max_mv = 0;
+    for (int i = 0; i < n; i++) max_mv = cs[i].rows * ratio > max_mv ? cs[i].rows * ratio : max_mv;
+    if (pf_path && max_mv > 8) g_atol = TC_ATOL;
     nb_status st = run_cuda(&p, layer, mode, cs, n, Hq, q, out, total_rows, max_chunks, scale);
     long bad = st != NB_OK;
     double worst = 0.0;
@@ -496,9 +514,10 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
         row += cs[i].rows;
     }
     const char *mname = mode == NB_PA_DRAFT ? "draft" : mode == NB_PA_TARGET ? "target" : "fp-only";
-    printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s prequant=%d chunks<=%-2d: %d seqs, "
+    printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s prequant=%d chunks<=%-2d: %d seqs%s, "
            "max |err| %.2e%s\n",
-           bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, n_pq, max_chunks, n, worst,
+           bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, n_pq, max_chunks, n,
+           pf ? (pf_path ? " (prefill, tensor cores)" : " (prefill, scalar)") : "", worst,
            st != NB_OK ? " (launch failed)" : "");
     if (bad) g_fail++;
 
@@ -506,6 +525,12 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     if (mbad) printf("FAIL attention %s D=%d G=%d gqa=%d %s chunks<=%d (batch): merge kernel paths\n",
                     nb_dtype_name(dt), D, G, ratio, mname, max_chunks);
     g_fail += mbad != 0;
+    g_atol = ATOL;
+    if (pf) { // prefill-shaped batches: the decode entries below are not what they test
+        free(q); free(ref); free(out); free(work); free(qperm); free(fperm);
+        pools_free(&p);
+        return;
+    }
 
     // Row-invariant split: the batch as verify entries of <= 8/ratio rows
     // (within tolerance of the reference), then every row alone as a
@@ -661,20 +686,22 @@ static void test_real_model(void) {
     pools_upload(&p);
     const int Hq = mc->n_heads, D = mc->head_dim, G = lay.group_size;
     seq_case cs[2];
-    int rows_opts[2] = {1, 8};
+    // 1 and 8 rows (decode kernels), then every FP token as a query row (a
+    // prefill chunk: the prefill kernels)
+    int rows_opts[3] = {1, 8, 0};
     long bad = 0;
     double worst = 0.0;
     int checks = 0;
-    for (int ro = 0; ro < 2; ro++) {
+    for (int ro = 0; ro < 3; ro++) {
         int total_rows = 0;
         for (int i = 0; i < n_seq; i++) {
             nb_bm_seq_view v;
             NB_ASSERT(nb_bm_seq_view_get(bm, seqs[i], &v) == NB_OK);
             seq_case *s = &cs[i];
             s->T = v.n_committed + v.n_drafted;
-            s->rows = rows_opts[ro];
-            s->pos0 = s->T - s->rows;
             s->nq = v.n_qblocks;
+            s->rows = ro == 2 ? s->T - s->nq * G : rows_opts[ro];
+            s->pos0 = s->T - s->rows;
             s->pq = v.prequant_block >= 0;
             NB_ASSERT(s->nq + s->pq <= 64 && v.n_fpblocks <= 64);
             memcpy(s->qb, v.qblocks, 4 * s->nq);
@@ -695,8 +722,8 @@ static void test_real_model(void) {
                             ref + (size_t)row * Hq * D, 1.0f / sqrtf((float)D), work);
                     row += cs[i].rows;
                 }
-                for (int kk = 0; kk < 2; kk++) { // both decode kernels
-                    setenv("NB_PA_TC", kk ? "0" : "1", 1);
+                for (int kk = 0; kk < 2; kk++) { // both decode kernels / both prefill kernels
+                    setenv(ro == 2 ? "NB_PA_PF" : "NB_PA_TC", kk ? "0" : "1", 1);
                     if (run_cuda(&p, layer, (nb_pa_mode)mode, cs, n_seq, Hq, q, out, total_rows, 16,
                                  1.0f / sqrtf((float)D)) != NB_OK)
                         bad++;
@@ -706,13 +733,15 @@ static void test_real_model(void) {
                     checks++;
                 }
                 unsetenv("NB_PA_TC");
+                unsetenv("NB_PA_PF");
             }
         free(q); free(ref); free(out); free(work);
     }
     printf("%s attention real K/V proxy-llama-31m (bf16, D=%d, G=%d, %d q / %d kv heads, seqs of %d and "
-           "%d tokens, nq %d and %d): %d layer x view x rows x kernel checks, max |err| %.2e\n",
-           bad ? "FAIL" : "ok  ", D, G, Hq, lay.n_kv_heads, cs[0].T, cs[1].T, cs[0].nq, cs[1].nq, checks,
-           worst);
+           "%d tokens, nq %d and %d, prefill rows %d and %d): %d layer x view x rows x kernel checks, "
+           "max |err| %.2e\n",
+           bad ? "FAIL" : "ok  ", D, G, Hq, lay.n_kv_heads, cs[0].T, cs[1].T, cs[0].nq, cs[1].nq, cs[0].rows,
+           cs[1].rows, checks, worst);
     if (bad) g_fail++;
     pools_free(&p);
     for (int i = 0; i < n_seq; i++) free(prompts[i]);
@@ -788,6 +817,27 @@ int main(void) {
             }
         unsetenv("NB_PA_TC");
     }
+
+    // Prefill-shaped calls (up to 333 rows): the tensor-core prefill kernel
+    // (D = 128 target and FP-only views, f16/bf16) and, forced, the scalar
+    // chunk kernel it replaces; split-K (chunks <= 64, 3) and none (1);
+    // group sizes 64, 128, 96 and 32; GQA 1, 2, 4, 8.
+    for (int f = 0; f < 2; f++) {
+        if (f) setenv("NB_PA_PF", "0", 1);
+        for (int a = 0; a < 2; a++)
+            for (int md = 1; md < 3; md++) {
+                test_attention(dts[a], 128, 64, 4, modes[md], 1, 64, 0, PF_CASES);
+                test_attention(dts[a], 128, 128, 1, modes[md], 1, 3, 0, PF_CASES);
+                if (!f) {
+                    test_attention(dts[a], 128, 96, 2, modes[md], 1, 1, 0, PF_CASES);
+                    test_attention(dts[a], 128, 32, 8, modes[md], a, 64, 0, PF_CASES);
+                }
+            }
+        unsetenv("NB_PA_PF");
+    }
+    // The draft view and D = 64 with prefill-sized rows: the scalar kernel (unchanged).
+    test_attention(NB_DTYPE_F16, 128, 64, 4, NB_PA_DRAFT, 1, 64, 0, PF_CASES);
+    test_attention(NB_DTYPE_BF16, 64, 64, 2, NB_PA_TARGET, 1, 64, 0, PF_CASES);
 
     test_real_model();
 

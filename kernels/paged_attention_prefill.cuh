@@ -1,0 +1,487 @@
+// paged_attention_prefill.cuh: the tensor-core prefill kernel (included by
+// paged_attention_cuda.cu inside its anonymous namespace, after
+// paged_attention_tc.cuh, whose PTX wrappers and code helpers it uses).
+//
+// The one idea: a prefill chunk has many query rows, so attention is bound
+// by arithmetic, not by bytes, and the arithmetic belongs on tensor cores.
+// The kernel this one replaces for those calls (pa_chunk_kernel) does its
+// q.k and p.v products as scalar f32 FMAs, ~3 TFLOP/s on an H100 (71 s of a
+// 32k-token prompt's prefill at the Llama-3-8B shape). Here, FlashAttention-2
+// style: a CTA of 4 warps owns 64 query vectors (rows x the GQA group of one
+// kv head, 16 per warp = the M of mma.m16n8k16), streams the chunk's KV as
+// 32-token tiles through a 3-stage cp.async ring, and every warp runs
+//   scores [16 q x 32 tok] = Q' [16 x 128] . K'^T   (16 + 16 MMAs, hi + lo)
+//   out    [16 q x 128 ch] += P' [16 x 32 tok] . V'  (32 MMAs)
+// with an online softmax in registers between them (the score C fragments
+// are the P.V A fragments, no shuffles).
+//
+// Exactness of the quantized view. K and V enter the MMAs as their codes,
+// never dequantized element by element:
+//   - a tile's raw planes are turned once per CTA into f16 SUBNORMAL codes
+//     (C * 2^-24, C = 16U + Lstored = C8 + 8 in 0..255, exact) in a
+//     swizzled shared-memory tile that ldmatrix reads without bank conflicts;
+//   - K's per-channel step folds into q once per block (Q' = q * S_c, split
+//     exactly into f16 hi + lo: ~22 bits, two MMAs), and K's zero point with
+//     the -8 of C8 into one f32 offset per query vector, qz = sum_c q_c *
+//     (Z_c - S_c/2); score = 2^20 * MMA + qz (2^20 = 2^24 / 16: the target
+//     step is S/16);
+//   - V's per-token step folds into the softmax weights (P' = p * S_t, one
+//     f16) and its zero point into an f32 sum per query vector, sum_t p *
+//     (Z_t - S_t/2), so out = 2^20 * MMA + zsum.
+// FP tiles (the chunk itself and the recent FP blocks) enter as f16 values
+// (bf16 caches: converted, exact for |x| in f16's normal range, finite
+// values beyond +-65504 saturate, as in the decode tensor-core kernel), q
+// as hi + lo, P as one f16. The accumulators of a warp's quantized tiles
+// (code domain) switch once, by the exact factor 2^20, when its first FP
+// tile arrives: a chunk's tiles are all quantized ones, then all FP ones.
+//
+// Masks: tokens past the sequence's written slots (zeroed when staged, so
+// NaN garbage there cannot reach P.V through a zero weight), causality
+// (token position <= the row's), the two row classes of the pre-quantized
+// C_F1 (row_uses_prequant), and query vectors past the call's rows. Tiles
+// past a CTA's last row are not loaded; a warp skips tiles past its own
+// last row. Split-K over units of whole blocks exactly as pa_chunk_kernel
+// (the partials go to pa_merge_kernel), so a call's chunks and workspace
+// are those of the kernel it replaces.
+//
+// Shapes: D = 128, G % 32 == 0, f16 or bf16 cache, TARGET or FP_ONLY
+// view, any GQA ratio, pools 16-byte aligned. q * softmax_scale * log2(e)
+// and q * S_c must be finite in f16 (|x| < 65504), as for the decode
+// tensor-core kernel. Not row-invariant (prefill passes use the
+// batch-tuned split; fixed_chunk_groups > 0 never comes here).
+
+constexpr int PF_NW = 4, PF_NT = 32 * PF_NW;
+constexpr int PF_MT = 16 * PF_NW; // query vectors per CTA
+constexpr int PF_TT = 32;         // tokens per tile
+constexpr int PF_NS = 3;          // cp.async stages
+constexpr int PF_QLD = 136;       // floats per q row in shared memory (conflict-free float2 reads)
+// Shared memory: q * scale * log2(e) as f32 [64][PF_QLD]; the tile's K and V
+// as f16 [32 tok][128 ch] (16-byte chunk j of row r at chunk j ^ (r & 7));
+// the block's K step and zero' (f32 [128] each); the tile's V step and
+// zero' (f32 [32] each); the raw ring.
+constexpr int PF_Q_OFF = 0;
+constexpr int PF_KC_OFF = PF_Q_OFF + PF_MT * PF_QLD * 4;
+constexpr int PF_VC_OFF = PF_KC_OFF + PF_TT * 256;
+constexpr int PF_KS_OFF = PF_VC_OFF + PF_TT * 256;
+constexpr int PF_VS_OFF = PF_KS_OFF + 2 * 128 * 4;
+constexpr int PF_RAW_OFF = PF_VS_OFF + 2 * PF_TT * 4;
+constexpr int PF_SLOT = 2 * PF_TT * 128 * 2; // an FP tile's K + V rows (16-bit)
+constexpr int PF_SMEM = PF_RAW_OFF + PF_NS * PF_SLOT;
+// Raw quantized slot: K upper, V upper, K lower, V lower planes [32][64];
+// K step[128], K zero[128], V step[32], V zero[32] (16-bit). FP slot: K
+// [32][128], V [32][128].
+constexpr int PR_KU = 0, PR_VU = 2048, PR_KL = 4096, PR_VL = 6144;
+constexpr int PR_KS = 8192, PR_KZ = PR_KS + 256, PR_VS = PR_KZ + 256, PR_VZ = PR_VS + 64;
+static_assert(PR_VZ + 64 <= PF_SLOT, "a quantized tile fits the slot");
+static_assert(PF_RAW_OFF % 16 == 0, "cp.async destinations are 16-byte aligned");
+static_assert(2 * PF_SMEM + 2048 <= 228 * 1024, "two CTAs per SM");
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// f32 pair -> f16 hi + lo pairs (x = hi + lo to ~22 bits).
+__device__ __forceinline__ void pf_split(float x, float y, uint32_t &hi, uint32_t &lo) {
+    const __half2 h = __floats2half2_rn(x, y);
+    const float2 f = __half22float2(h);
+    hi = h2u(h);
+    lo = h2u(__floats2half2_rn(x - f.x, y - f.y));
+}
+// Byte offset of 16-byte chunk j of token row r in a swizzled [32][128] f16 tile.
+__device__ __forceinline__ int pf_sw(int r, int j) { return r * 256 + ((j ^ (r & 7)) << 4); }
+
+struct pf_tile {
+    int fp, block, t0, pos, tl, rmask, unit;
+};
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
+    constexpr bool QUANT = MODE == NB_PA_TARGET;
+    constexpr float K20 = 1048576.0f; // 2^24 (subnormal codes) / 16 (the target step S/16)
+    extern __shared__ __align__(128) uint8_t smem[];
+    const nb_kv_layout lay = P.lay;
+    const int G = lay.group_size, ntq = G / PF_TT;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    const int chunk = blockIdx.x, kvh = blockIdx.y / P.pl.n_mtiles, mt = blockIdx.y % P.pl.n_mtiles;
+    const int seq = blockIdx.z, gq = P.g;
+    const nb_pa_seq S = P.seqs[seq];
+    const int m0 = mt * PF_MT;
+    const int M = min(PF_MT, S.n_rows * gq - m0); // query vectors of this CTA
+    if (M <= 0) return;
+    const int nq = QUANT ? S.n_qblocks : 0, pq = QUANT ? (S.has_prequant != 0) : 0;
+    const int seq_end = S.pos0 + S.n_rows;
+    const int pos_end = S.pos0 + (m0 + M - 1) / gq + 1; // this CTA's rows read positions < pos_end
+    const int fp_span = seq_end - nq * G;
+    const int nU = nq + pq + (fp_span > 0 ? cdiv(fp_span, G) : 0);
+    const int u0 = chunk * P.upc, u1 = min(nU, u0 + P.upc);
+    const int uq = max(min(nq + pq - u0, u1 - u0), 0), uf = max(u1 - u0 - uq, 0);
+    const int jf0 = u0 + uq - nq - pq; // FP table index of the chunk's first FP unit
+    int nft = 0;
+    if (uf > 0) {
+        const int span = pos_end - (nq + jf0) * G;
+        nft = span > 0 ? min(uf * ntq, cdiv(span, PF_TT)) : 0;
+    }
+    const int n_tiles = uq * ntq + nft;
+
+    auto pidx = [&](int m) { // workspace index of query vector m of this CTA
+        const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
+        return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
+    };
+    if (n_tiles == 0) { // NOTE: only with split-K; an empty chunk still tells the merge it holds nothing
+        for (int m = tid; m < M; m += PF_NT) {
+            P.ws_ml[2 * pidx(m)] = -INFINITY;
+            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
+        }
+        return;
+    }
+
+    auto tile_get = [&](int k) {
+        pf_tile x;
+        if (k < uq * ntq) {
+            const int u = u0 + k / ntq;
+            x.fp = 0;
+            x.t0 = (k % ntq) * PF_TT;
+            x.block = P.qtab[S.qblock_off + u]; // u == nq: the pre-quantized C_F1
+            x.pos = u * G + x.t0;
+            x.rmask = u < nq ? 0 : 1;
+            x.unit = u;
+        } else {
+            k -= uq * ntq;
+            const int j = jf0 + k / ntq;
+            x.fp = 1;
+            x.t0 = (k % ntq) * PF_TT;
+            x.block = P.fptab[S.fpblock_off + j];
+            x.pos = (nq + j) * G + x.t0;
+            x.rmask = (pq && j == 0) ? 2 : 0;
+            x.unit = -1;
+        }
+        x.tl = min(PF_TT, seq_end - x.pos);
+        return x;
+    };
+    // Whole 32-token rows are copied (they lie inside the block); rows at
+    // or past tl are zeroed when staged.
+    auto issue = [&](int k) {
+        const pf_tile x = tile_get(k);
+        uint8_t *sb = smem + PF_RAW_OFF + (k % PF_NS) * PF_SLOT;
+        if (x.fp) {
+            const uint8_t *kg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 0, x.t0) * sizeof(T);
+            const uint8_t *vg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 1, x.t0) * sizeof(T);
+#pragma unroll
+            for (int i = tid; i < PF_TT * 16; i += PF_NT) {
+                cp_async16(sb + 16 * i, kg + 16 * i);
+                cp_async16(sb + PF_TT * 256 + 16 * i, vg + 16 * i);
+            }
+        } else if (QUANT) {
+            const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
+            const size_t vo = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 1, x.t0);
+            cp_async16(sb + PR_KU + 16 * tid, P.upper + ko + 16 * tid); // 128 x 16 B = 32 rows x 64 B
+            cp_async16(sb + PR_VU + 16 * tid, P.upper + vo + 16 * tid);
+            cp_async16(sb + PR_KL + 16 * tid, P.lower + ko + 16 * tid);
+            cp_async16(sb + PR_VL + 16 * tid, P.lower + vo + 16 * tid);
+            if (tid < 40) {
+                const uint8_t *sc = P.scales;
+                const size_t es = sizeof(T);
+                if (tid < 16)
+                    cp_async16(sb + PR_KS + 16 * tid,
+                               sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_SCALE) * es + 16 * tid);
+                else if (tid < 32)
+                    cp_async16(sb + PR_KZ + 16 * (tid - 16),
+                               sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_ZERO) * es +
+                                   16 * (tid - 16));
+                else if (tid < 36)
+                    cp_async16(sb + PR_VS + 16 * (tid - 32),
+                               sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_SCALE) + x.t0) * es +
+                                   16 * (tid - 32));
+                else
+                    cp_async16(sb + PR_VZ + 16 * (tid - 36),
+                               sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_ZERO) + x.t0) * es +
+                                   16 * (tid - 36));
+            }
+        }
+    };
+
+#pragma unroll 1
+    for (int s = 0; s < PF_NS - 1; s++) {
+        if (s < n_tiles) issue(s);
+        cp_commit();
+    }
+
+    float *qs = (float *)(smem + PF_Q_OFF);
+    for (int i = tid; i < PF_MT * 32; i += PF_NT) { // float4 of q per thread
+        const int m = i >> 5, c = (i & 31) * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (m < M) {
+            const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
+            v = *(const float4 *)(P.q + ((size_t)(S.row_off + r) * P.n_q_heads + h) * TC_D + c);
+            v.x *= P.scale_log2;
+            v.y *= P.scale_log2;
+            v.z *= P.scale_log2;
+            v.w *= P.scale_log2;
+        }
+        *(float4 *)(qs + m * PF_QLD + c) = v;
+    }
+
+    // This warp's query vectors: rows g8 and g8 + 8 of its 16 (h = 0, 1).
+    const int wm0 = 16 * warp;
+    const bool wact = wm0 < M;
+    const int wp_max = S.pos0 + (m0 + min(wm0 + 15, M - 1)) / gq; // its last row's position
+    int prow[2];
+    bool rok[2], rpre[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int m = wm0 + g8 + 8 * h;
+        rok[h] = m < M;
+        prow[h] = S.pos0 + (m0 + (rok[h] ? m : 0)) / gq;
+        rpre[h] = row_uses_prequant(prow[h], G, nq, pq);
+    }
+    float acc[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+    float mrun[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f}, qz[2] = {0.0f, 0.0f};
+    uint32_t ah[8][4], al[8][4]; // Q' A fragments, k-step ks = channels 16ks..16ks+15
+    int cur = -2;                // what ah/al hold: a quantized unit, -1 (FP: q itself), -2 nothing
+    bool qdom = QUANT;           // accumulators in the code domain (x 2^-20)
+
+    // Q' = q (* S_c) as hi + lo; qz = sum_c q_c Z'_c. Lane holds rows g8,
+    // g8 + 8, channels 16ks + 2t4 (+1) and + 8 (+1).
+    auto build_a = [&](bool fold) {
+        const float *q0 = qs + (wm0 + g8) * PF_QLD, *q1 = q0 + 8 * PF_QLD;
+        const float *ks = (const float *)(smem + PF_KS_OFF), *kz = ks + 128;
+        float z0 = 0.0f, z1 = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int c = 16 * k + 8 * h + 2 * t4;
+                float2 a = *(const float2 *)(q0 + c), b = *(const float2 *)(q1 + c);
+                if (fold) {
+                    const float2 s = *(const float2 *)(ks + c), z = *(const float2 *)(kz + c);
+                    z0 = fmaf(a.x, z.x, fmaf(a.y, z.y, z0));
+                    z1 = fmaf(b.x, z.x, fmaf(b.y, z.y, z1));
+                    a.x *= s.x;
+                    a.y *= s.y;
+                    b.x *= s.x;
+                    b.y *= s.y;
+                }
+                pf_split(a.x, a.y, ah[k][2 * h], al[k][2 * h]);         // a0 / a2: row g8
+                pf_split(b.x, b.y, ah[k][2 * h + 1], al[k][2 * h + 1]); // a1 / a3: row g8 + 8
+            }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            z0 += __shfl_xor_sync(0xffffffffu, z0, o);
+            z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+        }
+        qz[0] = fold ? z0 : 0.0f;
+        qz[1] = fold ? z1 : 0.0f;
+    };
+
+    const uint32_t kc_s = s_u32(smem + PF_KC_OFF), vc_s = s_u32(smem + PF_VC_OFF);
+#pragma unroll 1
+    for (int it = 0; it < n_tiles; it++) {
+        cp_wait<PF_NS - 2>();
+        __syncthreads(); // tile `it` landed; everyone is done with tile it-1
+        if (it + PF_NS - 1 < n_tiles) issue(it + PF_NS - 1);
+        cp_commit();
+        const pf_tile x = tile_get(it);
+        const uint8_t *sb = smem + PF_RAW_OFF + (it % PF_NS) * PF_SLOT;
+
+        // ---- stage: raw tile -> f16 K, V tiles (codes or values), steps ----
+        if (x.fp) {
+#pragma unroll
+            for (int i = tid; i < 2 * PF_TT * 16; i += PF_NT) {
+                const int kv = i >> 9, r = (i >> 4) & 31, j = i & 15;
+                uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                if (r < x.tl) {
+                    w = *(const uint4 *)(sb + kv * (PF_TT * 256) + r * 256 + 16 * j);
+                    w.x = fp_pair_h<T>(w.x);
+                    w.y = fp_pair_h<T>(w.y);
+                    w.z = fp_pair_h<T>(w.z);
+                    w.w = fp_pair_h<T>(w.w);
+                }
+                *(uint4 *)(smem + (kv ? PF_VC_OFF : PF_KC_OFF) + pf_sw(r, j)) = w;
+            }
+        } else if (QUANT) {
+#pragma unroll
+            for (int i = tid; i < 2 * PF_TT * 16; i += PF_NT) {
+                const int kv = i >> 9, r = (i >> 4) & 31, j = i & 15;
+                uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                if (r < x.tl) {
+                    const uint32_t u = *(const uint32_t *)(sb + (kv ? PR_VU : PR_KU) + r * 64 + 4 * j);
+                    const uint32_t l = *(const uint32_t *)(sb + (kv ? PR_VL : PR_KL) + r * 64 + 4 * j);
+                    // byte b: even channel 8j + 2b (e), odd 8j + 2b + 1 (o)
+                    const uint32_t e = codes_even(u, l), o = codes_odd(u, l);
+                    const uint32_t x0 = prmt(e, o, 0x5140), x1 = prmt(e, o, 0x7362);
+                    w = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
+                                   prmt(x1, 0u, 0x4342));
+                }
+                *(uint4 *)(smem + (kv ? PF_VC_OFF : PF_KC_OFF) + pf_sw(r, j)) = w;
+            }
+            float *ks = (float *)(smem + PF_KS_OFF), *vs = (float *)(smem + PF_VS_OFF);
+            { // the block's K step and zero' = zero - step/2 (C8 = C - 8, the step is S/16)
+                const float s = t2_f2<T>(*(const uint16_t *)(sb + PR_KS + 2 * tid)).x;
+                const float z = t2_f2<T>(*(const uint16_t *)(sb + PR_KZ + 2 * tid)).x;
+                ks[tid] = s;
+                ks[128 + tid] = fmaf(-0.5f, s, z);
+            }
+            if (tid < PF_TT) {
+                float s = 0.0f, z = 0.0f;
+                if (tid < x.tl) {
+                    s = t2_f2<T>(*(const uint16_t *)(sb + PR_VS + 2 * tid)).x;
+                    z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(sb + PR_VZ + 2 * tid)).x);
+                }
+                vs[tid] = s;
+                vs[PF_TT + tid] = z;
+            }
+        }
+        __syncthreads();
+        if (!wact || x.tl <= 0 || x.pos > wp_max) continue; // nothing of this tile for this warp
+        const bool fp = !QUANT || x.fp;
+        if (fp) {
+            if (cur != -1) {
+                build_a(false);
+                cur = -1;
+            }
+            if (qdom) {
+#pragma unroll
+                for (int n = 0; n < 16; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[n][i] *= K20;
+                qdom = false;
+            }
+        } else if (cur != x.unit) {
+            build_a(true);
+            cur = x.unit;
+        }
+
+        // ---- scores: 4 n-tiles of 8 tokens, 8 k-steps, hi + lo ----
+        float sc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[n][i] = 0.0f;
+#pragma unroll
+            for (int kp = 0; kp < 4; kp++) {
+                uint32_t b[4];
+                ldsm_x4(b, kc_s + pf_sw(8 * n + (lane & 7), 4 * kp + (lane >> 3)));
+                mma16816(sc[n], ah[2 * kp], b[0], b[1]);
+                mma16816(sc[n], ah[2 * kp + 1], b[2], b[3]);
+                mma16816(sc[n], al[2 * kp], b[0], b[1]);
+                mma16816(sc[n], al[2 * kp + 1], b[2], b[3]);
+            }
+        }
+        // ---- online softmax (log2 units); sc[n][i]: row g8 + 8 (i >> 1), token 8n + 2t4 + (i & 1) ----
+        const float ksc = fp ? 1.0f : K20;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i >> 1, col = 8 * n + 2 * t4 + (i & 1);
+                bool ok = rok[h] && col < x.tl && x.pos + col <= prow[h];
+                if (x.rmask) ok = ok && (rpre[h] == (x.rmask == 1));
+                sc[n][i] = ok ? fmaf(sc[n][i], ksc, qz[h]) : -INFINITY;
+                mx[h] = fmaxf(mx[h], sc[n][i]);
+            }
+        float alpha[2], msafe[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float mnew = fmaxf(mrun[h], mx[h]);
+            msafe[h] = mnew == -INFINITY ? 0.0f : mnew;
+            alpha[h] = ex2_ftz(mrun[h] - msafe[h]);
+            mrun[h] = mnew;
+        }
+        float ps[2] = {0.0f, 0.0f}, pz[2] = {0.0f, 0.0f};
+        uint32_t pa[2][4]; // P' A fragments, k-step kk = tokens 16kk..16kk+15
+        const float *vs = (const float *)(smem + PF_VS_OFF);
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            float p[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                p[i] = ex2_ftz(sc[n][i] - msafe[i >> 1]);
+                ps[i >> 1] += p[i];
+            }
+            if (!fp) {
+                const float2 st = *(const float2 *)(vs + 8 * n + 2 * t4);
+                const float2 zt = *(const float2 *)(vs + PF_TT + 8 * n + 2 * t4);
+                pz[0] = fmaf(p[0], zt.x, fmaf(p[1], zt.y, pz[0]));
+                pz[1] = fmaf(p[2], zt.x, fmaf(p[3], zt.y, pz[1]));
+                p[0] *= st.x;
+                p[1] *= st.y;
+                p[2] *= st.x;
+                p[3] *= st.y;
+            }
+            // n-tile n = k-step n/2, columns 0-7 (n even: a0/a1) or 8-15 (odd: a2/a3)
+            pa[n >> 1][2 * (n & 1)] = h2u(__floats2half2_rn(p[0], p[1]));
+            pa[n >> 1][2 * (n & 1) + 1] = h2u(__floats2half2_rn(p[2], p[3]));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            lsum[h] = fmaf(lsum[h], alpha[h], ps[h]);
+            zsum[h] = fmaf(zsum[h], alpha[h], pz[h]);
+        }
+#pragma unroll
+        for (int n = 0; n < 16; n++) {
+            acc[n][0] *= alpha[0];
+            acc[n][1] *= alpha[0];
+            acc[n][2] *= alpha[1];
+            acc[n][3] *= alpha[1];
+        }
+        // ---- out += P' . V: 2 k-steps of 16 tokens, 16 n-tiles of 8 channels ----
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int np = 0; np < 8; np++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, vc_s + pf_sw(16 * kk + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * np + (lane >> 4)));
+                mma16816(acc[2 * np], pa[kk], b[0], b[1]);
+                mma16816(acc[2 * np + 1], pa[kk], b[2], b[3]);
+            }
+    }
+    cp_wait<0>();
+
+    // ---- the CTA's partial (o unnormalized, max, sum) or the output ----
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], o);
+            zsum[h] += __shfl_xor_sync(0xffffffffu, zsum[h], o);
+        }
+    if (!wact) return;
+    const float dom = qdom ? K20 : 1.0f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!rok[h]) continue;
+        const int m = wm0 + g8 + 8 * h, mg = m0 + m, r = mg / gq, hq = kvh * gq + mg % gq;
+        if (P.n_chunks == 1) {
+            float *o = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + hq) * TC_D + 2 * t4;
+            const float inv = 1.0f / lsum[h];
+#pragma unroll
+            for (int n = 0; n < 16; n++)
+                *(float2 *)(o + 8 * n) = make_float2(fmaf(acc[n][2 * h], dom, zsum[h]) * inv,
+                                                     fmaf(acc[n][2 * h + 1], dom, zsum[h]) * inv);
+        } else {
+            const size_t pi = pidx(m);
+            float *o = P.ws_o + pi * TC_D + 2 * t4;
+#pragma unroll
+            for (int n = 0; n < 16; n++)
+                *(float2 *)(o + 8 * n) =
+                    make_float2(fmaf(acc[n][2 * h], dom, zsum[h]), fmaf(acc[n][2 * h + 1], dom, zsum[h]));
+            if (t4 == 0) {
+                P.ws_ml[2 * pi] = mrun[h];
+                P.ws_ml[2 * pi + 1] = lsum[h];
+            }
+        }
+    }
+}
