@@ -173,9 +173,10 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
             const uint8_t *kg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 0, x.t0) * sizeof(T);
             const uint8_t *vg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 1, x.t0) * sizeof(T);
 #pragma unroll
-            for (int i = tid; i < PF_TT * 16; i += PF_NT) {
-                cp_async16(sb + 16 * i, kg + 16 * i);
-                cp_async16(sb + PF_TT * 256 + 16 * i, vg + 16 * i);
+            for (int i = tid; i < PF_TT * 16; i += PF_NT) { // straight into the swizzled layout
+                const int r = i >> 4, j = i & 15;
+                cp_async16(sb + pf_sw(r, j), kg + 16 * i);
+                cp_async16(sb + PF_TT * 256 + pf_sw(r, j), vg + 16 * i);
             }
         } else if (QUANT) {
             const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
@@ -231,6 +232,8 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
     const int wm0 = 16 * warp;
     const bool wact = wm0 < M;
     const int wp_max = S.pos0 + (m0 + min(wm0 + 15, M - 1)) / gq; // its last row's position
+    const int wp_min = S.pos0 + (m0 + wm0) / gq;                  // its first row's
+    const bool wfull = wm0 + 15 < M;                                // all 16 query vectors valid
     int prow[2];
     bool rok[2], rpre[2];
 #pragma unroll
@@ -283,7 +286,6 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
         qz[1] = fold ? z1 : 0.0f;
     };
 
-    const uint32_t kc_s = s_u32(smem + PF_KC_OFF), vc_s = s_u32(smem + PF_VC_OFF);
 #pragma unroll 1
     for (int it = 0; it < n_tiles; it++) {
         cp_wait<PF_NS - 2>();
@@ -293,20 +295,29 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
         const pf_tile x = tile_get(it);
         const uint8_t *sb = smem + PF_RAW_OFF + (it % PF_NS) * PF_SLOT;
 
-        // ---- stage: raw tile -> f16 K, V tiles (codes or values), steps ----
-        if (x.fp) {
+        // ---- stage: FP tiles in place (bf16 -> f16; rows past the
+        // sequence zeroed), quantized tiles -> f16 codes in Kc/Vc, steps ----
+        constexpr bool F16 = std::is_same<T, __half>::value;
+        const bool fp = !QUANT || x.fp;
+        if (fp) {
+            if (!F16 || x.tl < PF_TT) {
+                uint8_t *sw = smem + PF_RAW_OFF + (it % PF_NS) * PF_SLOT;
 #pragma unroll
-            for (int i = tid; i < 2 * PF_TT * 16; i += PF_NT) {
-                const int kv = i >> 9, r = (i >> 4) & 31, j = i & 15;
-                uint4 w = make_uint4(0u, 0u, 0u, 0u);
-                if (r < x.tl) {
-                    w = *(const uint4 *)(sb + kv * (PF_TT * 256) + r * 256 + 16 * j);
-                    w.x = fp_pair_h<T>(w.x);
-                    w.y = fp_pair_h<T>(w.y);
-                    w.z = fp_pair_h<T>(w.z);
-                    w.w = fp_pair_h<T>(w.w);
+                for (int i = tid; i < 2 * PF_TT * 16; i += PF_NT) {
+                    const int kv = i >> 9, r = (i >> 4) & 31, j = i & 15;
+                    uint4 *a = (uint4 *)(sw + kv * (PF_TT * 256) + pf_sw(r, j));
+                    if (r >= x.tl) {
+                        *a = make_uint4(0u, 0u, 0u, 0u);
+                    } else if (!F16) {
+                        uint4 w = *a;
+                        w.x = fp_pair_h<T>(w.x);
+                        w.y = fp_pair_h<T>(w.y);
+                        w.z = fp_pair_h<T>(w.z);
+                        w.w = fp_pair_h<T>(w.w);
+                        *a = w;
+                    }
                 }
-                *(uint4 *)(smem + (kv ? PF_VC_OFF : PF_KC_OFF) + pf_sw(r, j)) = w;
+                __syncthreads();
             }
         } else if (QUANT) {
 #pragma unroll
@@ -340,10 +351,9 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
                 vs[tid] = s;
                 vs[PF_TT + tid] = z;
             }
+            __syncthreads();
         }
-        __syncthreads();
         if (!wact || x.tl <= 0 || x.pos > wp_max) continue; // nothing of this tile for this warp
-        const bool fp = !QUANT || x.fp;
         if (fp) {
             if (cur != -1) {
                 build_a(false);
@@ -361,6 +371,8 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
             cur = x.unit;
         }
 
+        const uint32_t kc_s = fp ? s_u32(sb) : s_u32(smem + PF_KC_OFF);
+        const uint32_t vc_s = fp ? s_u32(sb + PF_TT * 256) : s_u32(smem + PF_VC_OFF);
         // ---- scores: 4 n-tiles of 8 tokens, 8 k-steps, hi + lo ----
         float sc[4][4];
 #pragma unroll
@@ -380,16 +392,26 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
         // ---- online softmax (log2 units); sc[n][i]: row g8 + 8 (i >> 1), token 8n + 2t4 + (i & 1) ----
         const float ksc = fp ? 1.0f : K20;
         float mx[2] = {-INFINITY, -INFINITY};
+        if (x.tl == PF_TT && x.rmask == 0 && x.pos + PF_TT - 1 <= wp_min && wfull) { // no masks
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int h = i >> 1, col = 8 * n + 2 * t4 + (i & 1);
-                bool ok = rok[h] && col < x.tl && x.pos + col <= prow[h];
-                if (x.rmask) ok = ok && (rpre[h] == (x.rmask == 1));
-                sc[n][i] = ok ? fmaf(sc[n][i], ksc, qz[h]) : -INFINITY;
-                mx[h] = fmaxf(mx[h], sc[n][i]);
-            }
+                for (int i = 0; i < 4; i++) {
+                    sc[n][i] = fmaf(sc[n][i], ksc, qz[i >> 1]);
+                    mx[i >> 1] = fmaxf(mx[i >> 1], sc[n][i]);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int h = i >> 1, col = 8 * n + 2 * t4 + (i & 1);
+                    bool ok = rok[h] && col < x.tl && x.pos + col <= prow[h];
+                    if (x.rmask) ok = ok && (rpre[h] == (x.rmask == 1));
+                    sc[n][i] = ok ? fmaf(sc[n][i], ksc, qz[h]) : -INFINITY;
+                    mx[h] = fmaxf(mx[h], sc[n][i]);
+                }
+        }
         float alpha[2], msafe[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
