@@ -24,8 +24,12 @@
 // heads per kv head and the draft / FP-only views with 1, and with the
 // row-invariant split the target view with 1 too (its FP-only view on f16
 // caches only); NB_PA_TC=0 / 1 in the environment forces the scalar /
-// tensor-core kernel where both apply. Everything else (more query vectors,
-// other D / G, f32): the cp.async tile kernel.
+// tensor-core kernel where both apply. More query vectors (prefill chunks)
+// at D = 128, G % 32 == 0, f16/bf16, target or FP-only view: the
+// tensor-core prefill kernel (paged_attention_prefill.cuh: FlashAttention-2
+// tiles on mma.sync, the same code-domain folds; NB_PA_PF=0 forces the
+// scalar one). Everything else (the draft view with many rows, other D / G,
+// f32): the cp.async tile kernel.
 //
 // Which positions a query row reads quantized (nb_bm_view_qblocks_for_row,
 // replicated on the device): with canonical(p) = p >= 2G ? p/G - 1 : 0, a row

@@ -254,7 +254,10 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
     bool qdom = QUANT;           // accumulators in the code domain (x 2^-20)
 
     // Q' = q (* S_c) as hi + lo; qz = sum_c q_c Z'_c. Lane holds rows g8,
-    // g8 + 8, channels 16ks + 2t4 (+1) and + 8 (+1).
+    // g8 + 8, k indices 16ks + 2t4 (+1) and + 8 (+1): those channels for FP
+    // tiles; for quantized K, whose 8-channel chunks are staged as channels
+    // 0 2 4 6 1 3 5 7 (one byte permute less per word than channel order), channels
+    // 16ks + {0,2 | 4,6 | 1,3 | 5,7} for t4 = 0..3 (and + 8).
     auto build_a = [&](bool fold) {
         const float *q0 = qs + (wm0 + g8) * PF_QLD, *q1 = q0 + 8 * PF_QLD;
         const float *ks = (const float *)(smem + PF_KS_OFF), *kz = ks + 128;
@@ -263,10 +266,12 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
         for (int k = 0; k < 8; k++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int c = 16 * k + 8 * h + 2 * t4;
-                float2 a = *(const float2 *)(q0 + c), b = *(const float2 *)(q1 + c);
+                // k indices 2t4, 2t4 + 1 of a chunk: channels c, c + d (FP
+                // tiles: natural order; quantized K: the even-odd chunk order)
+                const int c = 16 * k + 8 * h + (fold ? (t4 < 2 ? 4 * t4 : 4 * t4 - 7) : 2 * t4), d = fold ? 2 : 1;
+                float2 a = make_float2(q0[c], q0[c + d]), b = make_float2(q1[c], q1[c + d]);
                 if (fold) {
-                    const float2 s = *(const float2 *)(ks + c), z = *(const float2 *)(kz + c);
+                    const float2 s = make_float2(ks[c], ks[c + 2]), z = make_float2(kz[c], kz[c + 2]);
                     z0 = fmaf(a.x, z.x, fmaf(a.y, z.y, z0));
                     z1 = fmaf(b.x, z.x, fmaf(b.y, z.y, z1));
                     a.x *= s.x;
@@ -320,23 +325,34 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
                 __syncthreads();
             }
         } else if (QUANT) {
+            // Thread: word j of rows r0, r0 + 8, r0 + 16, r0 + 24 (r & 7 = r0:
+            // one swizzled chunk). Byte b of a word pair: even channel 8j + 2b
+            // (e), odd 8j + 2b + 1 (o). V keeps channel order (its channels are
+            // the accumulators' columns, shared with FP tiles); K's chunk holds
+            // the even channels, then the odd ones, which build_a mirrors.
+            const int j = tid & 15, r0 = tid >> 4, swz = (j ^ r0) << 4;
 #pragma unroll
-            for (int i = tid; i < 2 * PF_TT * 16; i += PF_NT) {
-                const int kv = i >> 9, r = (i >> 4) & 31, j = i & 15;
-                uint4 w = make_uint4(0u, 0u, 0u, 0u);
+            for (int k = 0; k < 4; k++) {
+                const int r = r0 + 8 * k;
+                uint4 wk = make_uint4(0u, 0u, 0u, 0u), wv = wk;
                 if (r < x.tl) {
-                    const uint32_t u = *(const uint32_t *)(sb + (kv ? PR_VU : PR_KU) + r * 64 + 4 * j);
-                    const uint32_t l = *(const uint32_t *)(sb + (kv ? PR_VL : PR_KL) + r * 64 + 4 * j);
-                    // byte b: even channel 8j + 2b (e), odd 8j + 2b + 1 (o)
-                    const uint32_t e = codes_even(u, l), o = codes_odd(u, l);
-                    const uint32_t x0 = prmt(e, o, 0x5140), x1 = prmt(e, o, 0x7362);
-                    w = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
-                                   prmt(x1, 0u, 0x4342));
+                    const uint32_t ku = *(const uint32_t *)(sb + PR_KU + r * 64 + 4 * j);
+                    const uint32_t kl = *(const uint32_t *)(sb + PR_KL + r * 64 + 4 * j);
+                    const uint32_t vu = *(const uint32_t *)(sb + PR_VU + r * 64 + 4 * j);
+                    const uint32_t vl = *(const uint32_t *)(sb + PR_VL + r * 64 + 4 * j);
+                    const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
+                    wk = make_uint4(prmt(ke, 0u, 0x4140), prmt(ke, 0u, 0x4342), prmt(ko, 0u, 0x4140),
+                                    prmt(ko, 0u, 0x4342));
+                    const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
+                    const uint32_t x0 = prmt(ve, vo, 0x5140), x1 = prmt(ve, vo, 0x7362);
+                    wv = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
+                                    prmt(x1, 0u, 0x4342));
                 }
-                *(uint4 *)(smem + (kv ? PF_VC_OFF : PF_KC_OFF) + pf_sw(r, j)) = w;
+                *(uint4 *)(smem + PF_KC_OFF + r * 256 + swz) = wk;
+                *(uint4 *)(smem + PF_VC_OFF + r * 256 + swz) = wv;
             }
             float *ks = (float *)(smem + PF_KS_OFF), *vs = (float *)(smem + PF_VS_OFF);
-            { // the block's K step and zero' = zero - step/2 (C8 = C - 8, the step is S/16)
+            if (x.t0 == 0 || it == 0) { // the block's K step and zero' = zero - step/2 (C8 = C - 8, the step is S/16)
                 const float s = t2_f2<T>(*(const uint16_t *)(sb + PR_KS + 2 * tid)).x;
                 const float z = t2_f2<T>(*(const uint16_t *)(sb + PR_KZ + 2 * tid)).x;
                 ks[tid] = s;
