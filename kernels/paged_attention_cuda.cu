@@ -1408,20 +1408,44 @@ template <int D, typename T, int M> nb_status dec_by_mode(pa_kp &kp, const nb_pa
 // Split-K batch-tuned: one wave, each (sequence, kv head) in SMs * CPS /
 // pairs chunks (the kernel weights them by bytes); row-invariant: fixed
 // chunks of fixed_chunk_groups groups.
+// Per-device setup of a kernel of fixed dynamic shared memory, cached per
+// call site (re-read when the current device changes): the device's SM
+// count into *sms, and the kernel's shared-memory limit raised to smem.
+struct kern_dev {
+    int dev = -1, sms = 0;
+};
+nb_status kern_prepare(kern_dev &kd, void (*kern)(const pa_kp), int smem) {
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
+    if (cur == kd.dev) return NB_OK;
+    if (cudaDeviceGetAttribute(&kd.sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
+        return NB_ERR_BACKEND;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return NB_ERR_BACKEND;
+    kd.dev = cur;
+    return NB_OK;
+}
+
+// Split-K over whole blocks (units) for the tile kernels: enough chunks
+// that the `base` CTAs of one chunk become `target` (about one wave), at
+// most units_max and a->max_chunks; kp.upc units a chunk.
+void plan_units(pa_kp &kp, const nb_pa_args *a, int units_max, long base, long target) {
+    long chunks = (target + base - 1) / base;
+    if (chunks > units_max) chunks = units_max;
+    if (chunks > a->max_chunks) chunks = a->max_chunks;
+    if (chunks < 1) chunks = 1;
+    kp.inv = 0;
+    kp.upc = cdiv(units_max, (int)chunks);
+    kp.n_chunks = cdiv(units_max, kp.upc);
+}
+
 template <typename T, int MODE, int CPS>
 nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     using C = tc_cfg<T, MODE, CPS>;
     void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE, CPS>;
-    static int dev_sms = 0, dev = -1;
-    int cur;
-    if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
-    if (cur != dev) { // NOTE: cached per instantiation; re-read when the device changes
-        if (cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
-            return NB_ERR_BACKEND;
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess)
-            return NB_ERR_BACKEND;
-        dev = cur;
-    }
+    static kern_dev kd;
+    if (kern_prepare(kd, kern, C::SMEM) != NB_OK) return NB_ERR_BACKEND;
+    const int dev_sms = kd.sms;
     // CPS CTAs per SM; chunks of 32-token slices (the kernel weights them by bytes).
     const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
     nb_status st = plan_split(kp, a, (long)dev_sms * CPS, (long)units_max * (a->lay.group_size / 32));
@@ -1482,30 +1506,13 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
 // when the (sequence, kv head, m-tile) CTAs do not fill one wave.
 template <typename T, int MODE> nb_status pf_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     void (*kern)(const pa_kp) = pa_prefill_kernel<T, MODE>;
-    static int dev_sms = 0, dev = -1;
-    int cur;
-    if (cudaGetDevice(&cur) != cudaSuccess) return NB_ERR_BACKEND;
-    if (cur != dev) { // NOTE: cached per instantiation; re-read when the device changes
-        if (cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess)
-            return NB_ERR_BACKEND;
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, PF_SMEM) != cudaSuccess)
-            return NB_ERR_BACKEND;
-        dev = cur;
-    }
+    static kern_dev kd;
+    if (kern_prepare(kd, kern, PF_SMEM) != NB_OK) return NB_ERR_BACKEND;
     const long M_max = (long)a->max_rows * kp.g;
     kp.pl.n_mtiles = (int)((M_max + PF_MT - 1) / PF_MT);
     if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
-    const int G = a->lay.group_size;
-    const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-    const long base = (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles;
-    const long target = (long)dev_sms * 2;
-    long chunks = (target + base - 1) / base;
-    if (chunks > units_max) chunks = units_max;
-    if (chunks > a->max_chunks) chunks = a->max_chunks;
-    if (chunks < 1) chunks = 1;
-    kp.inv = 0;
-    kp.upc = cdiv(units_max, (int)chunks);
-    kp.n_chunks = cdiv(units_max, kp.upc);
+    const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms * 2);
     const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
     if (st != NB_OK) return st;
     dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
@@ -1638,14 +1645,7 @@ template <int DC, typename T, int MODE> struct launcher {
         // Split-K: enough CTAs for one full wave, chunks of whole blocks.
         const int G = a->lay.group_size;
         const int units_max = cdiv(a->max_tokens, G) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-        const long base = (long)a->n_seqs * a->lay.n_kv_heads * L.n_mtiles;
-        const long target = (long)dev_sms * occ;
-        long chunks = (target + base - 1) / base;
-        if (chunks > units_max) chunks = units_max;
-        if (chunks > a->max_chunks) chunks = a->max_chunks;
-        if (chunks < 1) chunks = 1;
-        kp.upc = cdiv(units_max, (int)chunks);
-        kp.n_chunks = cdiv(units_max, kp.upc);
+        plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * L.n_mtiles, (long)dev_sms * occ);
         const nb_status st = use_workspace(kp, a, L.D, kp.n_chunks > 1);
         if (st != NB_OK) return st;
         (void)M_max;

@@ -51,36 +51,7 @@
 #include "paged_attention_cuda.h"
 
 #include "../nb_cuda_check.h"
-
-__global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = (uint8_t)h;
-    }
-}
-// Values in [lo, hi) as f16.
-__global__ void fill_half(__half *p, size_t n, float lo, float hi, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = __float2half(lo + (hi - lo) * (float)(h >> 8) * (1.0f / 16777216.0f));
-    }
-}
-
-__global__ void fill_float(float *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    }
-}
+#include "bench_fill.cuh"
 
 // The timed-call floor's kernel.
 __global__ void empty_kernel() {}

@@ -30,35 +30,7 @@
 #include "paged_attention_cuda.h"
 
 #include "../nb_cuda_check.h"
-
-__global__ void pf_fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = (uint8_t)h;
-    }
-}
-// Values in [lo, hi) as f16.
-__global__ void pf_fill_half(__half *p, size_t n, float lo, float hi, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = __float2half(lo + (hi - lo) * (float)(h >> 8) * (1.0f / 16777216.0f));
-    }
-}
-__global__ void pf_fill_float(float *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = 2.0f * (float)(h >> 8) * (1.0f / 16777216.0f) - 1.0f;
-    }
-}
+#include "bench_fill.cuh"
 
 // Parses "a,b,c" into v (1..16 values, each in [lo, hi]); false if malformed.
 static bool parse_list(const char *s, std::vector<int> &v, int lo, int hi) {
@@ -119,12 +91,12 @@ int main(int argc, char **argv) {
     CUDA_OK(cudaMalloc(&pools.lower, pb));
     CUDA_OK(cudaMalloc(&pools.scales, sbytes));
     CUDA_OK(cudaMalloc(&pools.fp, fb));
-    pf_fill_bytes<<<1024, 256>>>((uint8_t *)pools.upper, pb, 1);
-    pf_fill_bytes<<<1024, 256>>>((uint8_t *)pools.lower, pb, 2);
+    fill_bytes<<<1024, 256>>>((uint8_t *)pools.upper, pb, 1);
+    fill_bytes<<<1024, 256>>>((uint8_t *)pools.lower, pb, 2);
     // steps and zeros: every record's K step/zero, V step/zero (a range the
     // kernels' f16 products stay finite in; speed does not depend on it)
-    pf_fill_half<<<1024, 256>>>((__half *)pools.scales, sbytes / 2, 0.02f, 0.1f, 3);
-    pf_fill_half<<<1024, 256>>>((__half *)pools.fp, fb / 2, -2.0f, 2.0f, 4);
+    fill_half<<<1024, 256>>>((__half *)pools.scales, sbytes / 2, 0.02f, 0.1f, 3);
+    fill_half<<<1024, 256>>>((__half *)pools.fp, fb / 2, -2.0f, 2.0f, 4);
     CUDA_OK(cudaGetLastError());
 
     std::vector<int32_t> qperm(n_blocks), fperm(n_blocks);
@@ -141,7 +113,7 @@ int main(int argc, char **argv) {
     float *q, *out;
     CUDA_OK(cudaMalloc(&q, (size_t)max_c * Hq * D * 4));
     CUDA_OK(cudaMalloc(&out, (size_t)max_c * Hq * D * 4));
-    pf_fill_float<<<1024, 256>>>(q, (size_t)max_c * Hq * D, 5);
+    fill_float<<<1024, 256>>>(q, (size_t)max_c * Hq * D, 5);
     const int max_chunks = 8; // the cuda backend sizes its prefill workspace for 8
     const size_t wsb = nb_pa_workspace_size(1, max_c, Hq, D, max_chunks);
     void *ws;
