@@ -1105,6 +1105,8 @@ bool io_dtype_ok(nb_dtype t) {
 
 int g_tile_rows = 0;  // 0: heuristic; see nb_cuda_matmul_wq_set_tile_rows
 
+#include "linear_dense_ri.cuh"
+
 } // namespace
 
 extern "C" size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k) {
@@ -1299,4 +1301,65 @@ extern "C" nb_status nb_cuda_matmul_dense(cublasHandle_t handle, void *out, nb_d
         if (cudaPeekAtLastError() != cudaSuccess) return NB_ERR_BACKEND;
     }
     return NB_OK;
+}
+
+extern "C" size_t nb_cuda_matmul_dense_ri_workspace_bytes(int n, int m, int k) {
+    if (n <= 0 || m <= 0 || k <= 0 || k % kDrBK) return 0;
+    cudaError_t err;
+    int dev = 0;
+    const int sms = sm_count(&dev, &err);
+    if (err != cudaSuccess) return 0;
+    const int S = dr_split(m, k, sms);
+    if (S == 1) return 0;
+    return (size_t)S * n * m * sizeof(float);
+}
+
+extern "C" void nb_cuda_matmul_dense_ri_set_split(int s) { g_dr_split = s > 0 ? s : 0; }
+
+extern "C" int nb_cuda_matmul_dense_ri_split(int m, int k) {
+    if (m <= 0 || k <= 0 || k % kDrBK) return 0;
+    cudaError_t err;
+    int dev = 0;
+    const int sms = sm_count(&dev, &err);
+    return err != cudaSuccess ? 0 : dr_split(m, k, sms);
+}
+
+extern "C" int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k) {
+    return (dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16) && k > 0 && k % kDrBK == 0;
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const void *x,
+                                             const void *w, nb_dtype dt, const void *bias,
+                                             nb_dtype bias_dt, int n, int m, int k,
+                                             void *workspace, size_t workspace_bytes,
+                                             cudaStream_t stream) {
+    if (n < 0 || m < 0 || !nb_cuda_matmul_dense_ri_supported(dt, k) || !io_dtype_ok(out_dt) ||
+        (bias && !io_dtype_ok(bias_dt)))
+        return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!out || !x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) return NB_ERR_INVALID_ARG;
+    cudaError_t err;
+    int dev = 0;
+    const int sms = sm_count(&dev, &err);
+    if (err != cudaSuccess) return NB_ERR_BACKEND;
+    DrParams p = {};
+    p.out = out;
+    p.x = x;
+    p.w = w;
+    p.bias = bias;
+    p.out_dt = (int)out_dt;
+    p.bias_dt = (int)bias_dt;
+    p.n = n;
+    p.m = m;
+    p.k = k;
+    p.S = dr_split(m, k, sms);
+    p.tiles = (m + kDrBM - 1) / kDrBM;
+    if (p.S > 1) {
+        if (!workspace || ((uintptr_t)workspace & 15) || workspace_bytes < (size_t)p.S * n * m * sizeof(float))
+            return NB_ERR_INVALID_ARG;
+        p.part = static_cast<float *>(workspace);
+    }
+    err = dt == NB_DTYPE_F16 ? launch_dense_ri<__half>(p, stream)
+                             : launch_dense_ri<__nv_bfloat16>(p, stream);
+    return err == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
 }

@@ -171,6 +171,47 @@ nb_status nb_cuda_matmul_dense(cublasHandle_t handle, void *out /*[n][m] out_dt*
                                const void *bias /*[m] bias_dt, or NULL*/, nb_dtype bias_dt,
                                int n, int m, int k, cudaStream_t stream);
 
+// ---- Row-invariant dense matmul (the engine's decode, draft and verify passes) ----
+//
+// out[i][j] = dot(x[i], w[j]) (+ bias[j]) like nb_cuda_matmul_dense, but
+// each output's f32 summation order is fixed by (m, k) and the device alone:
+// a row of x gets the same bits whatever n is and wherever it sits among the
+// n rows, so a verify pass of 40 rows reads the weights once and still
+// matches the decode pass of each row bit for bit. (cuBLAS picks its
+// algorithm, and with it the summation order, by shape.) Rows of x ride in
+// the tensor-core mma's n dimension, 8 at a time; one launch reads the
+// weights once per 64 rows of x. The k range is cut into S fixed splits
+// (nb_cuda_matmul_dense_ri_split); with S > 1 the partial sums go through
+// the workspace and a second kernel adds them in split order. bias is
+// added in f32 before the output's one rounding. Fast at n = 1..64 (one
+// weight stream for up to 64 rows); prefills keep nb_cuda_matmul_dense.
+//
+// Needs dt f16 or bf16 (x and w), k % 64 == 0, x and w 16-byte aligned.
+// workspace: nb_cuda_matmul_dense_ri_workspace_bytes(n, m, k) bytes (0: may
+// be NULL), 16-byte aligned; launches sharing a workspace must be ordered
+// (one stream). Launched with programmatic dependent launch unless
+// nb_cuda_matmul_wq_set_pdl(0) / NB_WQ_PDL=0 (same bits): the weight stream
+// may start under the previous kernel; x, the workspace, the bias and out
+// are touched only after it completes.
+// Returns NB_OK; NB_ERR_INVALID_ARG (unsupported dtype or k, misaligned or
+// NULL pointers, too small a workspace); NB_ERR_BACKEND (launch failed).
+nb_status nb_cuda_matmul_dense_ri(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
+                                  const void *x /*[n][k] dt*/, const void *w /*[m][k] dt*/,
+                                  nb_dtype dt, const void *bias /*[m] bias_dt, or NULL*/,
+                                  nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
+// 1 when nb_cuda_matmul_dense_ri takes this dtype and k, else 0.
+int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k);
+// Workspace bytes for n rows of an [m][k] matrix (0 when S == 1 or the
+// shape is unsupported); grows with n, so size it for the largest n.
+size_t nb_cuda_matmul_dense_ri_workspace_bytes(int n, int m, int k);
+// The k splits S of an [m][k] matrix on the current device (0 if
+// unsupported).
+int nb_cuda_matmul_dense_ri_split(int m, int k);
+// Tests and benchmarks: force S (clamped to k/64 and 8) for later calls, or 0 for
+// the built-in plan. Changes the summation order. Not thread safe.
+void nb_cuda_matmul_dense_ri_set_split(int s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,9 +2,9 @@
 # references and the bandwidth benchmark. Both exit 77 (skipped) when no
 # CUDA device is present, so CI without a GPU stays green.
 if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
-  foreach(_nb_gl test_linear_cuda bench_linear_cuda)
-    if(_nb_gl STREQUAL "test_linear_cuda")
-      set(_nb_gl_src ${CMAKE_CURRENT_LIST_DIR}/gpu/test_linear_cuda.cu)
+  foreach(_nb_gl test_linear_cuda test_dense_ri_cuda bench_linear_cuda)
+    if(_nb_gl MATCHES "^test_")
+      set(_nb_gl_src ${CMAKE_CURRENT_LIST_DIR}/gpu/${_nb_gl}.cu)
     else()
       set(_nb_gl_src ${CMAKE_CURRENT_LIST_DIR}/bench/bench_linear_cuda.cu)
     endif()
@@ -36,6 +36,11 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
   if(TARGET test_linear_cuda)
     add_test(NAME test_linear_cuda COMMAND test_linear_cuda)
     set_tests_properties(test_linear_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+                         LABELS gpu)
+  endif()
+  if(TARGET test_dense_ri_cuda)
+    add_test(NAME test_dense_ri_cuda COMMAND test_dense_ri_cuda)
+    set_tests_properties(test_dense_ri_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
                          LABELS gpu)
   endif()
   if(TARGET bench_linear_cuda)

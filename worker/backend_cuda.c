@@ -14,8 +14,12 @@
 // p must equal the decode row at p bit for bit. Passes whose sequences all
 // have <= NB_CUDA_STEP_ROWS rows (draft, verify, decode) therefore run in
 // "step" mode:
-//   - every linear layer runs on fixed 16-row slices (padded), so cuBLAS and
-//     the quantized kernels see the same shape whatever the batch;
+//   - dense linear layers (f16/bf16 weights) run on the row-invariant dense
+//     matmul (nb_cuda_matmul_dense_ri: a summation order fixed by the
+//     matrix, one weight pass per 64 rows), so a 40-row verify reads the
+//     weights once; quantized layers (and dense ones it does not take) run
+//     on fixed 16-row slices (padded for cuBLAS), so cuBLAS and the
+//     quantized kernels see the same shape whatever the batch;
 //   - attention uses the row-invariant split of nb_pa_attention
 //     (fixed_chunk_groups), each sequence's rows cut into entries of at most
 //     8/(n_heads/n_kv_heads) rows. Draft passes take the batch-tuned split
@@ -48,7 +52,8 @@
 #include "sampling_cuda.h"
 #include "wquant.h"
 
-#define STEP_SLICE 16       // rows per linear-layer slice in step mode
+#define STEP_SLICE 16       // rows per linear-layer slice in step mode (cuBLAS, quantized)
+#define RI_SLICE 64         // rows per call of the row-invariant dense matmul (step mode)
 #define ATTN_MAX_CHUNKS 64  // split-K chunks at most (both modes)
 #define WORK_BATCH 1024     // KV work items per upload
 #define BLAS_WS ((size_t)32 << 20) // cuBLAS workspace
@@ -173,6 +178,9 @@ typedef struct cuda_backend {
     void *xa_d, *xa_q; // converted inputs of the dense / quantized linear layers
     void *attn_ws;
     size_t attn_ws_bytes;
+    bool ri_on;        // step-mode dense layers on nb_cuda_matmul_dense_ri (else cuBLAS slices)
+    void *ri_ws;       // its workspace (k-split partial sums), ri_ws_bytes
+    size_t ri_ws_bytes;
     int step_ok;       // step mode available (decode attention kernel usable)
     int entry_rows;    // rows per attention entry in step mode: 8 / GQA ratio
     // per-pass metadata: pinned host staging + device copy
@@ -693,20 +701,38 @@ static nb_status silu_stage(cuda_backend *be, const float *gate, const float *up
     return st;
 }
 
-// out[n][m] f32 = x . W^T + bias. Step mode: STEP_SLICE-row slices (the
-// input and output buffers hold n rounded up to the slice); dense slices are
-// padded to the full slice (cuBLAS picks its algorithm by shape), quantized
-// ones take their exact rows: nb_cuda_matmul_wq gives a row the same bits
-// whatever the row count (tests/gpu/test_linear_cuda.cu checks it), and a
-// slice of 1-16 rows (a decode step, a verify of up to 16 rows) streams the
-// weights with the decode kernel.
+// Whether step mode runs dense layer L on the row-invariant dense matmul.
+static bool ri_takes(const cuda_backend *be, const dlin *L) {
+    return be->ri_on && L->w && nb_cuda_matmul_dense_ri_supported(be->adt, L->k) &&
+           ((uintptr_t)L->w & 15) == 0;
+}
+
+// out[n][m] f32 = x . W^T + bias. Step mode: dense layers take the
+// row-invariant dense matmul in calls of up to RI_SLICE rows (one weight
+// pass per call; a row's bits do not depend on the call's row count, see
+// linear_cuda.h), or, where it does not apply (f32 weights, k % 64 != 0,
+// NB_DENSE_RI=0), cuBLAS on STEP_SLICE-row slices padded to the full slice
+// (cuBLAS picks its algorithm by shape); quantized layers take their exact
+// rows in STEP_SLICE-row slices: nb_cuda_matmul_wq gives a row the same
+// bits whatever the row count (tests/gpu/test_linear_cuda.cu checks it),
+// and a slice of 1-16 rows streams the weights with the decode kernel.
 static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const void *xq, int n,
                          const dlin *L, nb_fwd_mode mode, bool step) {
     lin_path p = path_of(be, L, mode);
     nb_dtype xdt = p == LIN_DENSE ? be->adt : qx_of(be, p);
     const uint8_t *x = p == LIN_DENSE ? xd : xq;
-    int n_calls = step ? (n + STEP_SLICE - 1) / STEP_SLICE : 1;
     size_t xrow = (size_t)L->k * nb_dtype_size(xdt);
+    if (step && p == LIN_DENSE && ri_takes(be, L)) {
+        for (int r = 0; r < n; r += RI_SLICE) {
+            const int rows = n - r < RI_SLICE ? n - r : RI_SLICE;
+            nb_status st = nb_cuda_matmul_dense_ri(out + (size_t)r * L->m, NB_DTYPE_F32, x + (size_t)r * xrow,
+                                                   L->w, be->adt, L->bias, L->bias_dt, rows, L->m, L->k,
+                                                   be->ri_ws, be->ri_ws_bytes, be->stream);
+            if (st != NB_OK) return st;
+        }
+        return NB_OK;
+    }
+    int n_calls = step ? (n + STEP_SLICE - 1) / STEP_SLICE : 1;
     for (int c = 0; c < n_calls; c++) {
         const void *xc = x + (size_t)c * STEP_SLICE * xrow;
         float *oc = out + (size_t)c * STEP_SLICE * L->m;
@@ -1282,6 +1308,28 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     if ((st = dev_alloc(be, &be->xa_d, Rp * maxk * 2, err, err_len)) ||
         (st = dev_alloc(be, &be->xa_q, Rp * maxk * 2, err, err_len)))
         return st;
+
+    // The row-invariant dense matmul's workspace: the largest any dense
+    // layer needs for RI_SLICE rows (its k-split partial sums).
+    {
+        const char *e = getenv("NB_DENSE_RI");
+        be->ri_on = (be->adt == NB_DTYPE_F16 || be->adt == NB_DTYPE_BF16) && !(e && e[0] == '0');
+        const int rn = be->Rp < RI_SLICE ? be->Rp : RI_SLICE;
+        size_t rw = 0;
+        for (int l = 0; be->ri_on && l <= mc->n_layers; l++) {
+            const dlayer *dl = l < mc->n_layers ? &be->layers[l] : NULL;
+            const dlin *ls[9] = {dl ? &dl->wq : &be->lm_head, dl ? &dl->wk : NULL, dl ? &dl->wv : NULL,
+                                 dl ? &dl->wo : NULL, dl ? &dl->gate : NULL, dl ? &dl->up : NULL,
+                                 dl ? &dl->down : NULL, dl ? &dl->qkv : NULL, dl ? &dl->gu : NULL};
+            for (int i = 0; i < 9; i++)
+                if (ls[i] && ls[i]->m > 0 && nb_cuda_matmul_dense_ri_supported(be->adt, ls[i]->k)) {
+                    const size_t b = nb_cuda_matmul_dense_ri_workspace_bytes(rn, ls[i]->m, ls[i]->k);
+                    if (b > rw) rw = b;
+                }
+        }
+        be->ri_ws_bytes = rw;
+        if (rw && (st = dev_alloc(be, &be->ri_ws, rw, err, err_len))) return st;
+    }
 
     // Attention: step mode needs the decode kernel; its workspace holds
     // every entry of a step pass; prefill passes use what is there.

@@ -10,11 +10,14 @@
 // timed replays (CUDA events) give the median time per launch. Inputs are
 // random, never zeros. Speed is reported, never asserted.
 //
-// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep]
+// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep | --dense [--quick | --sweep]]
 //   --quick: one shape, n = 1, for CI; --only: that one configuration (for
 //   profilers); --gemv-sweep: only the decode kernel's variants and grid
 //   sizes (nb_cuda_matmul_wq_set_gemv_variant, _set_blocks_per_sm) at
-//   n = 1, 4, 5, 6 and 8, against cuBLAS fp16.
+//   n = 1, 4, 5, 6 and 8, against cuBLAS fp16; --dense: the row-invariant
+//   dense matmul against cuBLAS at n = 1..64 (bf16 and f16; --quick: one
+//   shape, bf16 only, n = 1, 4, 8; --sweep: first the k splits forced to
+//   1..8 on the split shapes).
 // Exits 77 when no CUDA device is present.
 #include <stdint.h>
 #include <stdio.h>
@@ -41,12 +44,31 @@ typedef struct bench_ctx {
     void **w16;         // [copies] dense f16 weights
     void *x, *out;
     cublasHandle_t cb;
-    int path;           // 0 wq4, 1 wq8, 2 cuBLAS fp16
+    int path;           // 0 wq4, 1 wq8, 2 cuBLAS fp16, 3 dense_ri, 4 cuBLAS in 16-row slices
     int bf16_x;         // wq paths: x (and out) in bf16 instead of f16
+    void *ws;           // dense_ri workspace (zeroed once)
+    size_t ws_bytes;
+    nb_dtype ddt;       // paths 2-4 with --dense: the weights' and x's dtype
 } bench_ctx;
 
 static void launch(const bench_ctx *c, int copy, cudaStream_t s) {
-    if (c->path == 2)
+    const nb_dtype ddt = c->ddt ? c->ddt : NB_DTYPE_F16;
+    if (c->path == 3) {
+        NB_OK_OR_DIE(nb_cuda_matmul_dense_ri(c->out, NB_DTYPE_F32, c->x, c->w16[copy], ddt, NULL,
+                                             NB_DTYPE_F32, c->n, c->m, c->k, c->ws, c->ws_bytes, s));
+        return;
+    }
+    if (c->path == 4) { // what step mode did before dense_ri: 16-row slices, each padded to 16
+        for (int r = 0; r < c->n; r += 16)
+            NB_OK_OR_DIE(nb_cuda_matmul_dense(c->cb, (float *)c->out + (size_t)r * c->m, NB_DTYPE_F32,
+                                              (const uint16_t *)c->x + (size_t)r * c->k, c->w16[copy], ddt,
+                                              NULL, NB_DTYPE_F32, 16, c->m, c->k, s));
+        return;
+    }
+    if (c->path == 2 && c->ddt)
+        NB_OK_OR_DIE(nb_cuda_matmul_dense(c->cb, c->out, NB_DTYPE_F32, c->x, c->w16[copy], ddt, NULL,
+                                          NB_DTYPE_F32, c->n, c->m, c->k, s));
+    else if (c->path == 2)
         NB_OK_OR_DIE(nb_cuda_matmul_dense(c->cb, c->out, NB_DTYPE_F16, c->x, c->w16[copy],
                                           NB_DTYPE_F16, NULL, NB_DTYPE_F32, c->n, c->m, c->k, s));
     else
@@ -120,14 +142,117 @@ static double copy_gbps(cudaStream_t s, size_t bytes) {
     return 2.0 * (double)bytes / (ms[7] * 1e-3) / 1e9;
 }
 
+// --dense: the row-invariant dense matmul (what the engine's decode, draft
+// and verify passes run for dense weights) against cuBLAS on the same
+// weights: one cuBLAS call of n rows, and the 16-row slices step mode used
+// before (ceil(n/16) calls padded to 16 rows, each reading the weights).
+static void dense_bench(int quick, int sweep, double peak, size_t l2, cudaStream_t s, cublasHandle_t cb) {
+    const int shapes[5][2] = {{4096, 4096}, {6144, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    const char *names[5] = {"o 4096x4096", "qkv 6144x4096", "gate|up 28672x4096", "down 4096x14336",
+                            "lm head 128256x4096"};
+    const int batches[10] = {1, 4, 8, 16, 17, 24, 32, 40, 48, 64};
+    const int n_shapes = quick ? 1 : 5, n_batches = quick ? 3 : 10, reps = quick ? 3 : 15;
+    if (sweep) { // k splits forced: S = 1..8 on the split shapes, bf16, n = 1, 16, 40, 64
+        printf("k-split sweep (us; dense_ri with S forced; bf16):\n\n| shape | n | S=1 | S=2 | S=3 | S=4 | S=5 | S=6 | "
+               "S=8 |\n|---|---|---|---|---|---|---|---|---|\n");
+        const int ss[3] = {0, 1, 3}, sn[4] = {1, 16, 40, 64};
+        for (int i = 0; i < 3; i++) {
+            const int m = shapes[ss[i]][0], k = shapes[ss[i]][1];
+            const size_t bytes = (size_t)m * k * 2;
+            const int cd = (int)((4 * l2 + bytes - 1) / bytes) + 1;
+            void **w = (void **)calloc(cd, sizeof *w);
+            for (int c = 0; c < cd; c++) {
+                CUDA_OK(cudaMalloc(&w[c], bytes));
+                fill(w[c], (size_t)m * k, 1, 900 + c);
+            }
+            void *x, *out, *ws;
+            const size_t wsb = (size_t)8 * 64 * m * 4;
+            CUDA_OK(cudaMalloc(&x, (size_t)64 * k * 2));
+            CUDA_OK(cudaMalloc(&out, (size_t)64 * m * 4));
+            CUDA_OK(cudaMalloc(&ws, wsb));
+            fill(x, (size_t)64 * k, 1, 950);
+            for (int j = 0; j < 4; j++) {
+                printf("| %s | %d |", names[ss[i]], sn[j]);
+                for (int S = 1; S <= 8; S += S < 6 ? 1 : 2) {
+                    nb_cuda_matmul_dense_ri_set_split(S);
+                    bench_ctx c = {m, k, sn[j], cd, NULL, w, x, out, cb, 3, 0, ws, wsb, NB_DTYPE_BF16};
+                    printf(" %.2f |", time_path(&c, s, reps));
+                }
+                nb_cuda_matmul_dense_ri_set_split(0);
+                printf("\n");
+                fflush(stdout);
+            }
+            for (int c = 0; c < cd; c++) cudaFree(w[c]);
+            free(w);
+            cudaFree(x);
+            cudaFree(out);
+            cudaFree(ws);
+        }
+        printf("\n");
+    }
+    const nb_dtype dts[2] = {NB_DTYPE_BF16, NB_DTYPE_F16};
+    printf("Dense linear layer, out[n][m] f32 = x[n][k] W^T (Llama-3-8B shapes; qkv and gate|up "
+           "stacked as the engine runs them); us per launch; S = k splits of dense_ri; GB/s and "
+           "%% of the copy bandwidth count the weight bytes only; \"sliced\" = cuBLAS on 16-row "
+           "slices (step mode before dense_ri):\n\n");
+    printf("| shape (m x k) | dtype | S | n | dense_ri us | no PDL us | GB/s | %% peak | cuBLAS us | "
+           "sliced us | vs cuBLAS | vs sliced |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int si = 0; si < n_shapes; si++) {
+        const int m = shapes[si][0], k = shapes[si][1];
+        const size_t bytes = (size_t)m * k * 2;
+        const int cd = (int)((4 * l2 + bytes - 1) / bytes) + 1;
+        void **w = (void **)calloc(cd, sizeof *w);
+        for (int c = 0; c < cd; c++) {
+            CUDA_OK(cudaMalloc(&w[c], bytes));
+            fill(w[c], (size_t)m * k, 1, 700 + c);
+        }
+        void *x, *out, *ws = NULL;
+        CUDA_OK(cudaMalloc(&x, (size_t)64 * k * 2));
+        CUDA_OK(cudaMalloc(&out, (size_t)64 * m * 4));
+        fill(x, (size_t)64 * k, 1, 800 + si);
+        const size_t wsb = nb_cuda_matmul_dense_ri_workspace_bytes(64, m, k);
+        if (wsb) {
+            CUDA_OK(cudaMalloc(&ws, wsb));
+            CUDA_OK(cudaMemset(ws, 0, wsb));
+        }
+        CUDA_OK(cudaDeviceSynchronize());
+        for (int d = 0; d < (quick ? 1 : 2); d++)
+            for (int bi = 0; bi < n_batches; bi++) {
+                const int n = batches[bi];
+                bench_ctx c = {m, k, n, cd, NULL, w, x, out, cb, 3, 0, ws, wsb, dts[d]};
+                const double t_ri = time_path(&c, s, reps);
+                nb_cuda_matmul_wq_set_pdl(0);
+                const double t_np = time_path(&c, s, reps);
+                nb_cuda_matmul_wq_set_pdl(-1);
+                c.path = 2;
+                const double t_cb = time_path(&c, s, reps);
+                c.path = 4;
+                const double t_sl = time_path(&c, s, reps);
+                const double gbps = (double)bytes / (t_ri * 1e-6) / 1e9;
+                printf("| %s | %s | %d | %d | %.2f | %.2f | %.0f | %.1f%% | %.2f | %.2f | %.2fx | %.2fx |\n",
+                       names[si], nb_dtype_name(dts[d]), nb_cuda_matmul_dense_ri_split(m, k), n, t_ri, t_np,
+                       gbps, 100.0 * gbps / peak, t_cb, t_sl, t_cb / t_ri, t_sl / t_ri);
+                fflush(stdout);
+            }
+        for (int c = 0; c < cd; c++) cudaFree(w[c]);
+        free(w);
+        cudaFree(x);
+        cudaFree(out);
+        cudaFree(ws);
+    }
+}
+
 int main(int argc, char **argv) {
     const int quick = argc == 2 && strcmp(argv[1], "--quick") == 0;
     const int only = argc == 5 && strcmp(argv[1], "--only") == 0;
     const int only_m = only ? atoi(argv[2]) : 0, only_k = only ? atoi(argv[3]) : 0;
     const int only_n = only ? atoi(argv[4]) : 0;
     const int gsweep = argc == 2 && strcmp(argv[1], "--gemv-sweep") == 0;
-    if (argc > 1 && !quick && !only && !gsweep) {
-        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep]\n");
+    const int dense = argc >= 2 && argc <= 3 && strcmp(argv[1], "--dense") == 0 &&
+                      (argc == 2 || strcmp(argv[2], "--quick") == 0 || strcmp(argv[2], "--sweep") == 0);
+    const int dsweep = dense && argc == 3 && strcmp(argv[2], "--sweep") == 0;
+    if (argc > 1 && !quick && !only && !gsweep && !dense) {
+        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep | --dense [--quick | --sweep]]\n");
         return 2;
     }
     if (only && (only_m <= 0 || only_k <= 0 || only_k % NB_WQ_GROUP || only_n < 1 || only_n > 16)) {
@@ -168,6 +293,13 @@ int main(int argc, char **argv) {
     const size_t l2 = (size_t)prop.l2CacheSize;
     printf("device: %s, %d SMs, L2 %.0f MB; device-to-device copy: %.0f GB/s (read+write)\n\n",
            prop.name, prop.multiProcessorCount, l2 / 1e6, peak);
+    if (dense) {
+        dense_bench(argc == 3 && !dsweep, dsweep, peak, l2, s, cb);
+        cublasDestroy(cb);
+        cudaFree(cb_ws);
+        cudaStreamDestroy(s);
+        return 0;
+    }
 
     int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
     const char *names[3] = {"q/o 4096x4096", "gate/up 14336x4096", "down 4096x14336"};
@@ -229,7 +361,7 @@ int main(int argc, char **argv) {
 
         for (int bi = 0; gsweep && bi < n_batches; bi++) {
             const int n = batches[bi];
-            bench_ctx c = {m, k, n, cd, wq, w16, x, out, cb, 2, 0};
+            bench_ctx c = {m, k, n, cd, wq, w16, x, out, cb, 2, 0, NULL, 0, NB_DTYPE_F32};
             const double t_fp16 = time_path(&c, s, reps);
             for (int path = 0; path < 2; path++) {
                 c.path = path;
@@ -263,7 +395,7 @@ int main(int argc, char **argv) {
             const int n = batches[bi];
             double us[3];
             for (int path = 2; path >= 0; path--) {
-                bench_ctx c = {m, k, n, path == 2 ? cd : cq, wq, w16, x, out, cb, path, 0};
+                bench_ctx c = {m, k, n, path == 2 ? cd : cq, wq, w16, x, out, cb, path, 0, NULL, 0, NB_DTYPE_F32};
                 nb_cuda_matmul_wq_set_tile_rows(0);
                 us[path] = time_path(&c, s, reps);
                 const double wbytes = path == 2 ? (double)dense_bytes

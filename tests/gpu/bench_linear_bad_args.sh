@@ -8,10 +8,10 @@ bench=$1
 . "$(dirname "$0")/bad_args_lib.sh"
 for args in "--bogus" "--quick extra" "--gemv-sweep 1" "--only 4096 4096" "--only" \
     "--only 0 4096 1" "--only 4096 100 1" "--only 4096 4096 0" "--only 4096 4096 17" \
-    "--only 4096 4096 1 9"; do
+    "--only 4096 4096 1 9" "--dense x" "--dense --quick --sweep" "--sweep"; do
     refused "$bench" "$args" "--only M K N"
 done
-for args in "--quick" "--only 512 512 1"; do
+for args in "--quick" "--only 512 512 1" "--dense --quick"; do
     accepted "$bench" "$args"
 done
 [ $fail -eq 0 ] && echo "PASS bench_linear_cuda argument checks"

@@ -1,0 +1,284 @@
+// linear_dense_ri.cuh: the row-invariant dense matmul (nb_cuda_matmul_dense_ri
+// in linear_cuda.h), included by linear_cuda.cu inside its anonymous
+// namespace (it uses that file's mma, cp.async and load/store helpers).
+//
+// The one idea: a row of x must get the same bits whether 1 or 64 rows share
+// the launch (a verify row must equal the decode row at the same position),
+// and one launch must read the weights once for up to 64 rows. So every
+// output is summed in an order fixed by (m, k) alone:
+//   - a block owns 128 weight rows (16 per warp) and one of S fixed,
+//     contiguous k ranges (S from the shape and the SM count, never from n);
+//     its warps accumulate 64-wide k steps in order, each as four
+//     mma.m16n8k16 (k 0-15, ..., 48-63) chained on one f32 accumulator per
+//     8-row tile of x;
+//   - with S == 1 the block adds the bias and stores the output; with S > 1
+//     it stores its partial sums in the workspace and a second kernel adds
+//     the S partials of each output in the order s = 0, 1, ..., S - 1, then
+//     the bias (spread over the whole GPU: one block finishing each tile's
+//     sum was latency bound, 43 us instead of ~15 at 64 rows);
+//   - x rows ride in the mma's n dimension: NX tiles of 8 rows (NX = 1, 2,
+//     4 or 8 by n) only change how many accumulators a warp keeps, not the
+//     arithmetic of any one of them. n > 64 adds blocks in grid.y.
+// The weights and x reach shared memory through a cp.async ring of 128-byte
+// row pieces (16 KB of weights plus 8*NX rows of x per stage; 4-6 stages,
+// ~100 KB, which also keeps the hardware from stacking a third block on an
+// SM while others have one), stored with the 16-byte chunks of row r at
+// chunk c ^ (r & 7), so the ldmatrix reads of 8 rows hit 8 different bank
+// groups.
+//
+// Programmatic dependent launch: the first stages' weights are requested
+// before griddepcontrol.wait (weights never depend on an earlier kernel);
+// x, the workspace, the bias and the output only after it. A block triggers
+// its dependents once its last copy is issued; the reduction kernel at
+// entry.
+
+constexpr int kDrBM = 128;       // weight rows per block (16 per warp)
+constexpr int kDrBK = 64;        // k per ring stage: 128 bytes of a row
+constexpr int kDrMinSteps = 4;   // k steps of a split at least (256 of k)
+constexpr int kDrMaxSplit = 8;   // k splits at most
+constexpr int kDrRows = 64;      // x rows per block at most (NX = 8)
+
+struct DrParams {
+    void *out;           // [n][m] out_dt
+    const void *x;       // [n][k] T
+    const void *w;       // [m][k] T
+    const void *bias;    // [m] bias_dt or NULL
+    float *part;         // [S][n][m] f32 partial sums (S > 1)
+    int out_dt, bias_dt;
+    int n, m, k;
+    int S, tiles;
+};
+
+template <int NX> __host__ __device__ constexpr int dr_stage_bytes() { return (kDrBM + 8 * NX) * kDrBK * 2; }
+// Ring stages: ~100 KB per block, so at most two blocks share an SM.
+template <int NX> __host__ __device__ constexpr int dr_stages() { return NX <= 2 ? 6 : NX == 4 ? 5 : 4; }
+template <int NX> __host__ __device__ constexpr int dr_smem_bytes() { return dr_stages<NX>() * dr_stage_bytes<NX>(); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// Byte offset of 16-byte chunk c of row r in a stage's tile (128-byte rows).
+__device__ __forceinline__ uint32_t dr_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// Grid: (tiles * S, ceil(n / (8 NX))); block: kThreads; dynamic shared
+// memory dr_smem_bytes<NX>(). Needs k % 64 == 0, 16-byte aligned x and w.
+template <typename T, int NX>
+__global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p) {
+    extern __shared__ __align__(128) unsigned char dr_smem[];
+    constexpr int XR = 8 * NX;               // x rows per block
+    constexpr int kW = kDrBM * kDrBK * 2;    // weight bytes per stage
+    constexpr int kSt = dr_stage_bytes<NX>();
+    constexpr int kDrST = dr_stages<NX>();
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = (int)blockIdx.x / p.S, s = (int)blockIdx.x % p.S;
+    const int KS = p.k / kDrBK;
+    const int kb = (int)((long long)s * KS / p.S);
+    const int nk = (int)((long long)(s + 1) * KS / p.S) - kb;
+    const int m0 = tile * kDrBM, n0 = (int)blockIdx.y * XR;
+    const uint32_t sbase = smem_addr(dr_smem);
+
+    // Copy assignment: thread tid copies 16-byte chunk c of weight rows
+    // r0 + 32i (i < 4) and of x rows r0 + 32i.
+    const int c = tid & 7, r0 = tid >> 3;
+    // Rows past m are zero-filled (their reads point at row 0).
+    const T *wp = static_cast<const T *>(p.w) + (size_t)(m0 + r0) * p.k + (size_t)kb * kDrBK + c * 8;
+    const size_t wstep = (size_t)32 * p.k;  // 32 rows
+    const T *w0 = static_cast<const T *>(p.w) + (size_t)kb * kDrBK + c * 8;
+    const int wrows = p.m - m0 - r0;  // row r0 + 32i is in range while 32i < wrows
+    // x: rows r0 + 32i (i < XI), threads tid < 8 XR only when XR < 32.
+    constexpr int XI = XR > 32 ? XR / 32 : 1;
+    const bool xcp = XR >= 32 || tid < XR * 8;
+    bool xok[XI];
+    const T *xp[XI];
+#pragma unroll
+    for (int i = 0; i < XI; i++) {
+        const int xr = n0 + r0 + 32 * i;
+        xok[i] = xcp && xr < p.n;
+        xp[i] = static_cast<const T *>(p.x) + (size_t)(xok[i] ? xr : 0) * p.k + (size_t)kb * kDrBK + c * 8;
+    }
+    auto load_w = [&](int it) {
+        const uint32_t st = sbase + (it % kDrST) * kSt;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const bool ok = 32 * i < wrows;
+            cp16z(st + dr_sw(r0 + 32 * i, c), (ok ? wp + i * wstep : w0) + (size_t)it * kDrBK, ok);
+        }
+    };
+    auto load_x = [&](int it) {
+        if (xcp)
+#pragma unroll
+            for (int i = 0; i < XI; i++)
+                cp16z(sbase + (it % kDrST) * kSt + kW + dr_sw(r0 + 32 * i, c), xp[i] + (size_t)it * kDrBK, xok[i]);
+    };
+    auto trigger = [] { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); };
+
+    // Group 0 holds the weights of stages 0..ST-2 and x of stage 0; group j
+    // x of stage j: waiting for group j then covers stage j in full.
+#pragma unroll
+    for (int st = 0; st < kDrST - 1; st++)
+        if (st < nk) load_w(st);
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#pragma unroll
+    for (int st = 0; st < kDrST - 1; st++) {
+        if (st < nk) load_x(st);
+        cp_commit();
+    }
+    if (nk <= kDrST - 1) trigger();
+
+    float acc[NX][4];
+#pragma unroll
+    for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nx][i] = 0.0f;
+    // ldmatrix rows: A (x4 = rows 0-7 / 8-15 at k 0-7, then at k 8-15 of a
+    // k16 slice) and B (x4 = x rows 0-7 at k chunks 0..3 of a k32 pair).
+    const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, ahi = lane >> 4;
+    const int brow = lane & 7, bch = lane >> 3;
+    for (int it = 0; it < nk; it++) {
+        cp_wait<kDrST - 2>();
+        __syncthreads();  // stage it is in; every thread is done with stage it - 1
+        const int nx_it = it + kDrST - 1;
+        if (nx_it < nk) {
+            load_w(nx_it);
+            load_x(nx_it);
+            if (nx_it == nk - 1) trigger();
+        }
+        cp_commit();
+        const uint32_t st = sbase + (it % kDrST) * kSt;
+        uint32_t a[4][4];  // the warp's 16 rows at k16 slices 0..3
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) ldsm_x4(a[kk], st + dr_sw(arow, 2 * kk + ahi));
+#pragma unroll
+        for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+            for (int kp = 0; kp < 2; kp++) {
+                uint32_t b[4];
+                ldsm_x4(b, st + kW + dr_sw(nx * 8 + brow, 4 * kp + bch));
+                mma<T>(acc[nx], a[2 * kp][0], a[2 * kp][1], a[2 * kp][2], a[2 * kp][3], b[0], b[1]);
+                mma<T>(acc[nx], a[2 * kp + 1][0], a[2 * kp + 1][1], a[2 * kp + 1][2], a[2 * kp + 1][3], b[2],
+                       b[3]);
+            }
+    }
+    cp_wait<0>();
+
+    // acc[nx][i]: weight row m0 + 16 warp + g + 8 (i / 2), x row n0 + 8 nx + 2t + i % 2.
+#pragma unroll
+    for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = m0 + warp * 16 + g + 8 * (i >> 1), xr = n0 + nx * 8 + 2 * t + (i & 1);
+            if (row < p.m && xr < p.n) {
+                if (p.S > 1) {
+                    __stcg(p.part + ((size_t)s * p.n + xr) * p.m + row, acc[nx][i]);
+                } else {
+                    float v = acc[nx][i];
+                    if (p.bias) v += load_any(p.bias, p.bias_dt, row);
+                    store_any(p.out, p.out_dt, (size_t)xr * p.m + row, v);
+                }
+            }
+        }
+}
+
+// out[i][j] = ((part[0][i][j] + part[1][i][j]) + ...) + part[S-1][i][j]
+// (+ bias[j]). Thread: 4 consecutive outputs of one row (V4: m % 4 == 0),
+// else one; every partial load issued before the first add.
+template <bool V4> __global__ void __launch_bounds__(256) dense_ri_reduce_kernel(const DrParams p) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    constexpr int W = V4 ? 4 : 1;
+    const size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
+    const size_t total = (size_t)p.n * p.m, stride = total;
+    if (e >= total) return;
+    float v[W];
+    if constexpr (V4) {
+        float4 q[kDrMaxSplit];
+#pragma unroll
+        for (int s = 0; s < kDrMaxSplit; s++)
+            if (s < p.S) q[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + e));
+        v[0] = q[0].x, v[1] = q[0].y, v[2] = q[0].z, v[3] = q[0].w;
+#pragma unroll
+        for (int s = 1; s < kDrMaxSplit; s++)
+            if (s < p.S) v[0] += q[s].x, v[1] += q[s].y, v[2] += q[s].z, v[3] += q[s].w;
+    } else {
+        float q[kDrMaxSplit];
+#pragma unroll
+        for (int s = 0; s < kDrMaxSplit; s++)
+            if (s < p.S) q[s] = __ldcg(p.part + s * stride + e);
+        v[0] = q[0];
+#pragma unroll
+        for (int s = 1; s < kDrMaxSplit; s++)
+            if (s < p.S) v[0] += q[s];
+    }
+    const int row = (int)(e % p.m);
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+        float o = v[w];
+        if (p.bias) o += load_any(p.bias, p.bias_dt, row + w);
+        store_any(p.out, p.out_dt, e + w, o);
+    }
+}
+
+int g_dr_split = 0;  // forced k splits (tests, benchmarks); 0: the built-in plan
+
+// The k splits of an [m][k] matrix: enough blocks for two per SM (the
+// kernel's budget at every NX), each split at least kDrMinSteps k steps, at
+// most kDrMaxSplit (16 was slower everywhere it applied). A function of
+// (m, k) and the device only, never of n: it fixes the summation order of
+// every output. Sweep (H100, bf16, us at S = 1 / 2 / 4 / 8 / 16):
+// 4096x4096 n = 1: 19.4 / 14.3 / 14.2 / 13.0 / 14.9, n = 64: 40.2 / 23.8 /
+// 22.9 / 20.2 / 26.7 (built in: 8); 4096x14336 n = 40: 130.9 / 117.6 / 62.7
+// / 50.0 / 55.2 (8); 6144x4096 n = 40: 39.5 / 37.6 / 26.0 / 29.4 / 35.1
+// (built in: 5, 26.1).
+int dr_split(int m, int k, int sms) {
+    const int tiles = (m + kDrBM - 1) / kDrBM, ks = k / kDrBK;
+    int S = g_dr_split > 0 ? g_dr_split : (2 * sms) / tiles;
+    if (g_dr_split <= 0 && S > ks / kDrMinSteps) S = ks / kDrMinSteps;
+    if (S > kDrMaxSplit) S = kDrMaxSplit;
+    if (S > ks) S = ks;
+    return S < 1 ? 1 : S;
+}
+
+template <typename T, int NX>
+cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
+    constexpr auto kern = dense_ri_kernel<T, NX>;
+    static bool attr_set[kMaxDev];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev < 0 || dev >= kMaxDev || !attr_set[dev]) {
+        err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dr_smem_bytes<NX>());
+        if (err != cudaSuccess) return err;
+        if (dev >= 0 && dev < kMaxDev) attr_set[dev] = true;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(p.tiles * p.S), (unsigned)((p.n + 8 * NX - 1) / (8 * NX)));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = dr_smem_bytes<NX>();
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_on() ? 1 : 0;
+    err = cudaLaunchKernelEx(&cfg, kern, p);
+    if (err != cudaSuccess || p.S == 1) return err;
+    const bool v4 = p.m % 4 == 0;
+    const size_t threads = ((size_t)p.n * p.m + (v4 ? 3 : 0)) / (v4 ? 4 : 1);
+    cfg.gridDim = dim3((unsigned)((threads + 255) / 256));
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = 0;
+    return v4 ? cudaLaunchKernelEx(&cfg, dense_ri_reduce_kernel<true>, p)
+              : cudaLaunchKernelEx(&cfg, dense_ri_reduce_kernel<false>, p);
+}
+
+template <typename T> cudaError_t launch_dense_ri(const DrParams &p, cudaStream_t stream) {
+    if (p.n <= 8) return launch_dense_ri_k<T, 1>(p, stream);
+    if (p.n <= 16) return launch_dense_ri_k<T, 2>(p, stream);
+    if (p.n <= 32) return launch_dense_ri_k<T, 4>(p, stream);
+    return launch_dense_ri_k<T, 8>(p, stream);
+}

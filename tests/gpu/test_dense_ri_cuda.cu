@@ -1,0 +1,360 @@
+// test_dense_ri_cuda.cu: the row-invariant dense matmul
+// (nb_cuda_matmul_dense_ri, kernels/linear_dense_ri.cuh) against its C twin
+// nb_ref_matmul, and the property the engine relies on: a row of x gets the
+// same bits whatever n is and wherever the row sits among the n rows.
+//
+// Checked, for f16 and bf16, on shapes with and without k splits (the
+// built-in plan and forced S = 1, 2, 3, 7), m not a multiple of the 128-row
+// block, n = 1..130 (every x-tile form, NX = 1, 2, 4, 8, and n > 64 with
+// more than one block row):
+//   - against nb_ref_matmul within 2^-14 * S + u_out * (|ref| + 2^-14 * S),
+//     S = sum |x||w| + |bias| per output (the kernel adds in f32 in its own
+//     order, then rounds once to out_dt; see test_linear_cuda.cu for why
+//     2^-14 * S);
+//   - bit for bit: the first n rows, and rows 3..3+n taken at offset 0,
+//     against the same rows of one 130-row launch; every launch three times;
+//     out poisoned with NaN before each launch, and nothing written past
+//     the n rows;
+//   - a chain of dependent launches (each reads the previous one's output)
+//     with programmatic dependent launch on and off: the same bits;
+//   - one workspace shared by launches of different shapes in one stream;
+//   - refusals: unsupported dtype or k, misaligned or NULL pointers, a
+//     missing or too small workspace.
+// Exits 77 (skipped) when no CUDA device is present.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "linear_cuda.h"
+extern "C" {
+#include "ops_ref.h"
+}
+#include "nb_test.h"
+
+#include "../nb_cuda_check.h"
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static double urand(void) { // [0, 1)
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static float out_u(nb_dtype t) {
+    return t == NB_DTYPE_F32 ? 0.0f : t == NB_DTYPE_F16 ? ldexpf(1.0f, -11) : ldexpf(1.0f, -8);
+}
+
+#define NMAX 130
+
+typedef struct shape_ctx {
+    nb_dtype dt;
+    int m, k;
+    void *d_w, *d_x, *d_bias, *d_out, *d_ws;
+    size_t ws_bytes;
+    float *ref, *S;  // [NMAX][m]: reference with bias, and sum of |terms|
+    float *babs;
+} shape_ctx;
+
+static double g_worst = 0.0;
+static long g_outputs = 0;
+
+// Launches n rows of x starting at row r0 into d_out (poisoned first);
+// returns the host copy of NMAX rows of out (f32 view of out_dt).
+static void *launch(shape_ctx *c, nb_dtype odt, int r0, int n, int with_bias) {
+    const size_t es = nb_dtype_size(c->dt), os = nb_dtype_size(odt);
+    const size_t all = (size_t)NMAX * c->m * os;
+    CUDA_OK(cudaMemset(c->d_out, 0xff, all));
+    const nb_status st = nb_cuda_matmul_dense_ri(c->d_out, odt, (const uint8_t *)c->d_x + (size_t)r0 * c->k * es,
+                                                 c->d_w, c->dt, with_bias ? c->d_bias : NULL,
+                                                 NB_DTYPE_BF16, n, c->m, c->k, c->d_ws, c->ws_bytes, 0);
+    CHECKF(st == NB_OK, "dense_ri %s m=%d k=%d n=%d: %s", nb_dtype_name(c->dt), c->m, c->k, n,
+           nb_status_str(st));
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    void *h = malloc(all);
+    CUDA_OK(cudaMemcpy(h, c->d_out, all, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// Rows [r0, r0 + n) of the reference against h's first n rows; the rows
+// after them must still hold the poison.
+static void compare_ref(shape_ctx *c, const void *h, nb_dtype odt, int r0, int n, const char *what) {
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < c->m; j++) {
+            const size_t e = (size_t)(r0 + i) * c->m + j;
+            const double got = nb_load_f32(h, odt, (size_t)i * c->m + j);
+            const double s = ldexp((double)c->S[e], -14);
+            const double tol = s + out_u(odt) * (fabs((double)c->ref[e]) + s);
+            const double err = fabs(got - (double)c->ref[e]);
+            if (!(err <= tol)) {
+                if (bad < 3)
+                    fprintf(stderr, "  %s: [%d][%d] got %.9g ref %.9g err %.3g tol %.3g\n", what, i, j, got,
+                            c->ref[e], err, tol);
+                bad++;
+            } else if (tol > 0 && err / tol > g_worst) {
+                g_worst = err / tol;
+            }
+        }
+    size_t untouched = 0;
+    const size_t os = nb_dtype_size(odt);
+    for (size_t b = (size_t)n * c->m * os; b < (size_t)NMAX * c->m * os; b++)
+        untouched += ((const uint8_t *)h)[b] == 0xff;
+    CHECKF(bad == 0, "%s: %d of %d outputs outside tolerance", what, bad, n * c->m);
+    CHECKF(untouched == (size_t)(NMAX - n) * c->m * os, "%s: %zu bytes written past row %d", what,
+           (size_t)(NMAX - n) * c->m * os - untouched, n);
+    g_outputs += (long)n * c->m;
+}
+
+static void run_shape(nb_dtype dt, int m, int k, int split) {
+    nb_cuda_matmul_dense_ri_set_split(split);
+    shape_ctx c;
+    memset(&c, 0, sizeof c);
+    c.dt = dt;
+    c.m = m;
+    c.k = k;
+    const size_t es = nb_dtype_size(dt), mk = (size_t)m * k, nk = (size_t)NMAX * k;
+    // Values exactly representable in dt, so the reference sees what the GPU sees.
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *x = (uint16_t *)malloc(nk * 2);
+    uint16_t *bias = (uint16_t *)malloc((size_t)m * 2);
+    float *xf = (float *)malloc(nk * 4), *xabs = (float *)malloc(nk * 4);
+    float *wabs = (float *)malloc(mk * 4);
+    c.babs = (float *)malloc((size_t)m * 4);
+    for (size_t e = 0; e < mk; e++) {
+        const float v = (float)((urand() * 2.0 - 1.0) * 0.05);
+        w[e] = dt == NB_DTYPE_F16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+        wabs[e] = fabsf(nb_load_f32(w, dt, e));
+    }
+    for (size_t e = 0; e < nk; e++) {
+        const float v = (float)((urand() * 2.0 - 1.0) * 2.0);
+        x[e] = dt == NB_DTYPE_F16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+        xf[e] = nb_load_f32(x, dt, e);
+        xabs[e] = fabsf(xf[e]);
+    }
+    for (int j = 0; j < m; j++) {
+        bias[j] = nb_f32_to_bf16((float)(urand() * 2.0 - 1.0));
+        c.babs[j] = fabsf(nb_load_f32(bias, NB_DTYPE_BF16, (size_t)j));
+    }
+    c.ref = (float *)malloc((size_t)NMAX * m * 4);
+    c.S = (float *)malloc((size_t)NMAX * m * 4);
+    nb_ref_matmul(c.ref, xf, w, dt, bias, NB_DTYPE_BF16, NMAX, m, k);
+    nb_ref_matmul(c.S, xabs, wabs, NB_DTYPE_F32, NULL, NB_DTYPE_F32, NMAX, m, k);
+    for (size_t e = 0; e < (size_t)NMAX * m; e++) c.S[e] += c.babs[e % m];
+
+    CUDA_OK(cudaMalloc(&c.d_w, mk * es));
+    CUDA_OK(cudaMalloc(&c.d_x, nk * es));
+    CUDA_OK(cudaMalloc(&c.d_bias, (size_t)m * 2));
+    CUDA_OK(cudaMalloc(&c.d_out, (size_t)NMAX * m * 4));
+    CUDA_OK(cudaMemcpy(c.d_w, w, mk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(c.d_x, x, nk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(c.d_bias, bias, (size_t)m * 2, cudaMemcpyHostToDevice));
+    c.ws_bytes = nb_cuda_matmul_dense_ri_workspace_bytes(NMAX, m, k);
+    const int S = nb_cuda_matmul_dense_ri_split(m, k);
+    CHECKF(S >= 1 && (S == 1) == (c.ws_bytes == 0), "m=%d k=%d: S=%d with %zu workspace bytes", m, k, S,
+           c.ws_bytes);
+    if (c.ws_bytes) {
+        CUDA_OK(cudaMalloc(&c.d_ws, c.ws_bytes));
+        CUDA_OK(cudaMemset(c.d_ws, 0xff, c.ws_bytes)); // NaN: nothing needs it zeroed
+    }
+
+    char what[160];
+    // The full launch: the bits every other launch's rows must equal.
+    void *full = launch(&c, NB_DTYPE_F32, 0, NMAX, 1);
+    snprintf(what, sizeof what, "%s m=%d k=%d S=%d n=%d", nb_dtype_name(dt), m, k, S, NMAX);
+    compare_ref(&c, full, NB_DTYPE_F32, 0, NMAX, what);
+    const int ns[] = {1, 2, 7, 8, 9, 16, 17, 33, 40, 64, 65, 127};
+    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+        const int n = ns[in];
+        for (int r0 = 0; r0 <= 3; r0 += 3) {
+            for (int rep = 0; rep < 3; rep++) {
+                void *h = launch(&c, NB_DTYPE_F32, r0, n, 1);
+                snprintf(what, sizeof what, "%s m=%d k=%d S=%d n=%d rows from %d (launch %d)",
+                         nb_dtype_name(dt), m, k, S, n, r0, rep);
+                if (rep == 0) compare_ref(&c, h, NB_DTYPE_F32, r0, n, what);
+                CHECKF(memcmp(h, (float *)full + (size_t)r0 * m, (size_t)n * m * 4) == 0,
+                       "%s: not the bits of the same rows in the %d-row launch", what, NMAX);
+                free(h);
+            }
+        }
+    }
+    // Other output dtypes and no bias (against the reference without it).
+    {
+        const nb_dtype odts[2] = {NB_DTYPE_F16, NB_DTYPE_BF16};
+        for (int io = 0; io < 2; io++) {
+            void *h = launch(&c, odts[io], 0, 9, 1);
+            snprintf(what, sizeof what, "%s m=%d k=%d S=%d n=9 out=%s", nb_dtype_name(dt), m, k, S,
+                     nb_dtype_name(odts[io]));
+            compare_ref(&c, h, odts[io], 0, 9, what);
+            free(h);
+        }
+        void *h = launch(&c, NB_DTYPE_F32, 0, 5, 0);
+        float *nb = (float *)malloc((size_t)5 * m * 4);
+        nb_ref_matmul(nb, xf, w, dt, NULL, NB_DTYPE_F32, 5, m, k);
+        int bad = 0;
+        for (size_t e = 0; e < (size_t)5 * m; e++) {
+            const double err = fabs((double)((float *)h)[e] - nb[e]);
+            bad += !(err <= ldexp((double)c.S[e], -14));
+        }
+        CHECKF(bad == 0, "%s m=%d k=%d n=5 without bias: %d outputs outside tolerance", nb_dtype_name(dt), m,
+               k, bad);
+        free(nb);
+        free(h);
+    }
+    printf("  %-4s m=%-5d k=%-5d S=%-2d ok so far (worst err/tol %.3f)\n", nb_dtype_name(dt), m, k, S,
+           g_worst);
+    fflush(stdout);
+    free(full);
+    cudaFree(c.d_w);
+    cudaFree(c.d_x);
+    cudaFree(c.d_bias);
+    cudaFree(c.d_out);
+    cudaFree(c.d_ws);
+    free(w);
+    free(x);
+    free(bias);
+    free(xf);
+    free(xabs);
+    free(wabs);
+    free(c.babs);
+    free(c.ref);
+    free(c.S);
+    nb_cuda_matmul_dense_ri_set_split(0);
+}
+
+// `steps` dependent launches, each reading the previous one's f16 output
+// (m = k), enqueued without a sync; returns the final buffer.
+static void chain(uint16_t *host, const void *d_x, const void *d_w, int n, int k, int steps, int pdl,
+                  void *ws, size_t ws_bytes) {
+    const size_t bb = (size_t)n * k * 2;
+    void *buf[2];
+    CUDA_OK(cudaMalloc(&buf[0], bb));
+    CUDA_OK(cudaMalloc(&buf[1], bb));
+    cudaStream_t cs;
+    CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    nb_cuda_matmul_wq_set_pdl(pdl);
+    CUDA_OK(cudaMemcpy(buf[0], d_x, bb, cudaMemcpyDeviceToDevice));
+    for (int s = 0; s < steps; s++)
+        CHECK(nb_cuda_matmul_dense_ri(buf[(s + 1) & 1], NB_DTYPE_F16, buf[s & 1], d_w, NB_DTYPE_F16, NULL,
+                                      NB_DTYPE_F32, n, k, k, ws, ws_bytes, cs) == NB_OK);
+    CUDA_OK(cudaStreamSynchronize(cs));
+    CUDA_OK(cudaMemcpy(host, buf[steps & 1], bb, cudaMemcpyDeviceToHost));
+    nb_cuda_matmul_wq_set_pdl(-1);
+    cudaStreamDestroy(cs);
+    cudaFree(buf[0]);
+    cudaFree(buf[1]);
+}
+
+static void check_chain_and_errors(void) {
+    const int k = 2048, n = 40;
+    const size_t mk = (size_t)k * k, nk = (size_t)n * k;
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *x = (uint16_t *)malloc(nk * 2);
+    // Entries ~ 1/sqrt(k) keep the chained activations near 1.
+    for (size_t e = 0; e < mk; e++) w[e] = nb_f32_to_f16((float)((urand() * 2.0 - 1.0) * 0.038));
+    for (size_t e = 0; e < nk; e++) x[e] = nb_f32_to_f16((float)(urand() * 2.0 - 1.0));
+    void *d_w, *d_x, *d_ws = NULL, *d_out;
+    CUDA_OK(cudaMalloc(&d_w, mk * 2));
+    CUDA_OK(cudaMalloc(&d_x, nk * 2 + 16));
+    CUDA_OK(cudaMalloc(&d_out, nk * 4));
+    CUDA_OK(cudaMemcpy(d_w, w, mk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_x, x, nk * 2, cudaMemcpyHostToDevice));
+    const size_t ws = nb_cuda_matmul_dense_ri_workspace_bytes(n, k, k);
+    CHECKF(ws > 0, "k=%d: expected a k split at m = %d", k, k);
+    CUDA_OK(cudaMalloc(&d_ws, ws));
+    CUDA_OK(cudaMemset(d_ws, 0xff, ws));
+
+    uint16_t *a = (uint16_t *)malloc(nk * 2), *b = (uint16_t *)malloc(nk * 2);
+    chain(a, d_x, d_w, n, k, 6, 0, d_ws, ws);
+    chain(b, d_x, d_w, n, k, 6, 1, d_ws, ws);
+    size_t finite = 0;
+    for (size_t e = 0; e < nk; e++) finite += isfinite(nb_load_f32(a, NB_DTYPE_F16, e)) != 0;
+    CHECKF(finite == nk, "chain: %zu of %zu outputs not finite", nk - finite, nk);
+    CHECKF(memcmp(a, b, nk * 2) == 0, "a 6-launch chain with PDL differs from the chain without");
+
+    // One workspace for launches of several shapes in one stream: each
+    // result equals the same launch alone.
+    {
+        float *alone = (float *)malloc(nk * 4), *mixed = (float *)malloc(nk * 4);
+        const int ms[3] = {k, 640, 1152}, nn[3] = {40, 3, 17};
+        for (int i = 0; i < 3; i++) {
+            CHECK(nb_cuda_matmul_dense_ri_workspace_bytes(nn[i], ms[i], k) <= ws);
+            CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, nn[i],
+                                          ms[i], k, d_ws, ws, 0) == NB_OK);
+            CUDA_OK(cudaMemcpy(alone, d_out, (size_t)nn[i] * ms[i] * 4, cudaMemcpyDeviceToHost));
+            // the other two shapes back to back, then this one again
+            for (int j = 1; j <= 3; j++)
+                CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32,
+                                              nn[(i + j) % 3], ms[(i + j) % 3], k, d_ws, ws, 0) == NB_OK);
+            CUDA_OK(cudaMemcpy(mixed, d_out, (size_t)nn[i] * ms[i] * 4, cudaMemcpyDeviceToHost));
+            CHECKF(memcmp(alone, mixed, (size_t)nn[i] * ms[i] * 4) == 0,
+                   "shared workspace: m=%d n=%d differs after other shapes", ms[i], nn[i]);
+        }
+        free(alone);
+        free(mixed);
+    }
+
+    // Refusals, before any launch.
+    const uint8_t *xb = (const uint8_t *)d_x;
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F32, NULL, NB_DTYPE_F32, n, k, k,
+                                  d_ws, ws, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, k, k - 32,
+                                  d_ws, ws, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, xb + 2, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, k, k,
+                                  d_ws, ws, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, k, k,
+                                  NULL, 0, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, k, k,
+                                  d_ws, ws - 4, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, k, k,
+                                  (uint8_t *)d_ws + 4, ws - 4, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(NULL, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, k, k, d_ws,
+                                  ws, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, -1, k, k,
+                                  d_ws, ws, 0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, NB_DTYPE_F16, NULL, NB_DTYPE_F32, 0, k, k,
+                                  NULL, 0, 0) == NB_OK);
+    CHECK(nb_cuda_matmul_dense_ri_supported(NB_DTYPE_BF16, 4096) == 1);
+    CHECK(nb_cuda_matmul_dense_ri_supported(NB_DTYPE_F16, 4000) == 0);
+    CHECK(nb_cuda_matmul_dense_ri_supported(NB_DTYPE_F32, 4096) == 0);
+    CHECK(nb_cuda_matmul_dense_ri_workspace_bytes(n, k, 100) == 0);
+    CUDA_OK(cudaGetLastError());
+    free(w);
+    free(x);
+    free(a);
+    free(b);
+    cudaFree(d_w);
+    cudaFree(d_x);
+    cudaFree(d_ws);
+    cudaFree(d_out);
+}
+
+int main(void) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        printf("test_dense_ri_cuda: SKIP: no CUDA device (%s)\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return NB_TEST_SKIP;
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    if (prop.major < 9) {
+        printf("test_dense_ri_cuda: SKIP: the kernels are built for sm_90a only\n");
+        return NB_TEST_SKIP;
+    }
+    printf("test_dense_ri_cuda on %s (%d SMs); tolerance 2^-14*S + u_out*(|ref| + 2^-14*S)\n", prop.name,
+           prop.multiProcessorCount);
+    const nb_dtype dts[2] = {NB_DTYPE_F16, NB_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        run_shape(dts[d], 4096, 4096, 0);   // the built-in plan: 32 row blocks, k splits
+        run_shape(dts[d], 1000, 1408, 0);   // partial last row block; 22 k steps
+        run_shape(dts[d], 200, 512, 7);     // forced splits of uneven length (8 k steps / 7)
+    }
+    run_shape(NB_DTYPE_F16, 1000, 1408, 1);  // no split: stored straight from the accumulators
+    run_shape(NB_DTYPE_BF16, 640, 2048, 2);
+    run_shape(NB_DTYPE_BF16, 64, 192, 3);    // one partial row block, 3 splits of 1 k step
+    check_chain_and_errors();
+    return nb_test_finish("test_dense_ri_cuda");
+}
