@@ -118,16 +118,23 @@ size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,
 
 // The row-invariant split a serving engine uses for its step passes
 // (worker/backend_cuda.c; bench_attention_cuda --split step reproduces it):
-// chunks of *chunk_groups = ceil(ceil(max_seq_len / G) / max_chunks) groups
-// (at least 2), *n_chunks of them over max_seq_len, and for a call whose
-// entries end at or before max_tokens, *grid_tokens: the max_tokens to pass
-// (the chunks up to max_tokens rounded up to a power of two, at most
-// n_chunks: a bounded number of grid shapes, no CTAs past the batch).
-static inline void nb_pa_step_split(int32_t max_seq_len, int32_t G, int32_t max_chunks, int32_t max_tokens,
-                                    int32_t *chunk_groups, int32_t *n_chunks, int32_t *grid_tokens) {
+// chunks of *chunk_groups = ceil(ceil(max_seq_len / G) / max_chunks) groups,
+// at least 2 and at least min_chunk_tokens tokens, *n_chunks of them over
+// max_seq_len, and for a call whose entries end at or before max_tokens,
+// *grid_tokens: the max_tokens to pass (the chunks up to max_tokens rounded
+// up to a power of two, at most n_chunks: a bounded number of grid shapes,
+// no CTAs past the batch).
+// The engine's min_chunk_tokens: with a short max_seq_len, 256-token chunks
+// made the decode kernel's per-CTA prologue dominate (Llama-3-8B shape,
+// batch 8, 4k, max_seq_len 4.2k: 1088 CTAs a layer; docs/benchmarks.md).
+#define NB_PA_STEP_MIN_CHUNK_TOKENS 1024
+static inline void nb_pa_step_split(int32_t max_seq_len, int32_t G, int32_t max_chunks, int32_t min_chunk_tokens,
+                                    int32_t max_tokens, int32_t *chunk_groups, int32_t *n_chunks,
+                                    int32_t *grid_tokens) {
     const int32_t groups = (max_seq_len + G - 1) / G;
     int32_t cg = (groups + max_chunks - 1) / max_chunks;
     if (cg < 2) cg = 2;
+    if (cg * G < min_chunk_tokens) cg = (min_chunk_tokens + G - 1) / G;
     const int32_t nall = (groups + cg - 1) / cg;
     int32_t nc = 1;
     while (nc * cg * G < max_tokens && nc < nall) nc <<= 1;

@@ -183,6 +183,7 @@ typedef struct cuda_backend {
     size_t ri_ws_bytes;
     int step_ok;       // step mode available (decode attention kernel usable)
     int entry_rows;    // rows per attention entry in step mode: 8 / GQA ratio
+    int step_min_tokens; // the step split's smallest chunk (nb_pa_step_split)
     // per-pass metadata: pinned host staging + device copy
     size_t meta_bytes;
     uint8_t *meta_h, *meta_d;
@@ -1138,15 +1139,22 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
         // merge skips empty ones. Batch-tuned draft passes get the same
         // max_tokens (the graph key), the kernel reads the real lengths.
         int32_t cg, nall, grid_tokens;
-        nb_pa_step_split(be->cfg.max_seq_len, G, ATTN_MAX_CHUNKS, max_tokens, &cg, &nall, &grid_tokens);
+        nb_pa_step_split(be->cfg.max_seq_len, G, ATTN_MAX_CHUNKS, be->step_min_tokens, max_tokens, &cg, &nall,
+                         &grid_tokens);
         const bool inv = mode != NB_FWD_DRAFT || be->cfg.draft_batch_invariant;
         pa.fixed_chunk_groups = inv ? cg : 0;
-        pa.max_chunks = inv ? ATTN_MAX_CHUNKS : nall; // the workspace holds nall chunks per entry
         pa.max_tokens = grid_tokens;
-    } else { // as many chunks as the workspace holds
+    }
+    if (!step || !pa.fixed_chunk_groups) {
+        // Batch-tuned: as many chunks as the workspace holds for this pass's
+        // entries (a draft's one row per sequence leaves room for many
+        // more than the step split's nall; capping at nall cost batch-1
+        // drafts ~6% with max_seq_len 4k, where nall is 5).
         size_t per_chunk = nb_pa_workspace_size(n_ent, max_ent_rows, mc->n_heads, D, 1);
         size_t c = per_chunk ? be->attn_ws_bytes / per_chunk : 1;
         pa.max_chunks = c < 1 ? 1 : c > ATTN_MAX_CHUNKS ? ATTN_MAX_CHUNKS : (int32_t)c;
+    } else {
+        pa.max_chunks = ATTN_MAX_CHUNKS;
     }
 
 pass ps = {.mode = mode, .step = step, .R = R, .n_logits = n_logits, .d_tok = d_tok, .d_pos = d_pos,
@@ -1338,7 +1346,12 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     be->step_ok = (D == 64 || D == 128) && kdt != NB_DTYPE_F32 && G % 32 == 0 && ratio <= 8;
     be->entry_rows = be->step_ok ? 8 / ratio : 0;
     int groups = (cfg->max_seq_len + G - 1) / G, chunk_groups, n_chunks, grid_unused;
-    nb_pa_step_split(cfg->max_seq_len, G, ATTN_MAX_CHUNKS, 1, &chunk_groups, &n_chunks, &grid_unused);
+    {
+        const char *e = getenv("NB_PA_STEP_MIN_TOKENS"); // tuning: the step split's smallest chunk
+        be->step_min_tokens = e && atoi(e) > 0 ? atoi(e) : NB_PA_STEP_MIN_CHUNK_TOKENS;
+    }
+    nb_pa_step_split(cfg->max_seq_len, G, ATTN_MAX_CHUNKS, be->step_min_tokens, 1, &chunk_groups, &n_chunks,
+                     &grid_unused);
     size_t ws = 0;
     if (be->step_ok) {
         int max_seqs = cfg->bm->max_seqs;

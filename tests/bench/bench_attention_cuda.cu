@@ -294,7 +294,8 @@ int main(int argc, char **argv) {
     const int step_max_len = 131072;
     const bool step = !strcmp(split, "step");
     int32_t step_groups, step_n, step_unused;
-    nb_pa_step_split(step_max_len, G, step_max_chunks, 1, &step_groups, &step_n, &step_unused);
+    nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, 1, &step_groups, &step_n,
+                     &step_unused);
     printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s; split: %s", peak, flush_mode,
            split);
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
@@ -365,7 +366,8 @@ int main(int argc, char **argv) {
                     a.max_chunks = max_chunks;
                     if (step) { // as backend_cuda.c's step mode
                         int32_t grid_tokens;
-                        nb_pa_step_split(step_max_len, G, step_max_chunks, ctx, &step_groups, &step_n, &grid_tokens);
+                        nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, ctx, &step_groups,
+                                         &step_n, &grid_tokens);
                         a.fixed_chunk_groups = step_groups;
                         a.max_tokens = grid_tokens;
                         a.max_chunks = step_max_chunks;

@@ -15,7 +15,7 @@
 //
 // Usage: bench_engine_long [--model synthetic:llama-3-8b | DIR] [--ctx 4096,32768]
 //          [--batch 1,8] [--new 32] [--gamma 4] [--chunk 1024] [--util 0.9]
-//          [--kinds fp16,quant] [--no-graphs] [--ncu]
+//          [--kinds fp16,quant] [--max-seq-len N] [--no-graphs] [--ncu]
 // --ncu: a cudaProfilerStart/Stop range around one decode step, one draft
 // call and one verify of the quantized engine, for
 // `ncu --profile-from-start off` (kernel durations without launch gaps).
@@ -68,9 +68,10 @@ static int usage(const char *why) {
             "bench_engine_long: %s\n"
             "usage: bench_engine_long [--model synthetic:NAME|DIR] [--ctx N,N..] [--batch N,N..]\n"
             "         [--new N] [--gamma 1..8] [--chunk N] [--util (0,1]] [--kinds fp16,quant]\n"
-            "         [--no-graphs] [--ncu]\n"
+            "         [--max-seq-len N] [--no-graphs] [--ncu]\n"
             "  --ctx: up to 8 contexts in 1..1048576; --batch: up to 8 batches in 1..64;\n"
-            "  --new 1..4096; --kinds: fp16, quant or both\n",
+            "  --new 1..4096; --kinds: fp16, quant or both; --max-seq-len: the engine's (default:\n"
+            "  the longest context + what the run generates), at most 1048576\n",
             why);
     return 2;
 }
@@ -93,7 +94,7 @@ static uint64_t mix(uint64_t x) {
 int main(int argc, char **argv) {
     const char *model = "synthetic:llama-3-8b", *kinds = "fp16,quant";
     int ctxs[MAXL] = {4096, 32768}, n_ctx = 2, Bs[MAXL] = {1, 8}, n_b = 2;
-    int n_new = 32, gamma = 4, chunk = 1024;
+    int n_new = 32, gamma = 4, chunk = 1024, max_len = 0;
     double util = 0.9;
     bool graphs = true, ncu = false;
     for (int i = 1; i < argc; i++) {
@@ -102,7 +103,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--ncu")) { ncu = true; continue; }
         bool ok = true;
         if (strcmp(a, "--model") && strcmp(a, "--ctx") && strcmp(a, "--batch") && strcmp(a, "--new") &&
-            strcmp(a, "--gamma") && strcmp(a, "--chunk") && strcmp(a, "--util") && strcmp(a, "--kinds"))
+            strcmp(a, "--gamma") && strcmp(a, "--chunk") && strcmp(a, "--util") && strcmp(a, "--kinds") &&
+            strcmp(a, "--max-seq-len"))
             return usage("unknown option");
         if (!v) return usage("an option needs a value");
         i++;
@@ -112,6 +114,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--new")) ok = parse_int(v, 1, 4096, &n_new);
         else if (!strcmp(a, "--gamma")) ok = parse_int(v, 1, 8, &gamma);
         else if (!strcmp(a, "--chunk")) ok = parse_int(v, 1, 1 << 16, &chunk);
+        else if (!strcmp(a, "--max-seq-len")) ok = parse_int(v, 1, 1 << 20, &max_len);
         else if (!strcmp(a, "--util")) {
             char *end;
             util = strtod(v, &end);
@@ -122,6 +125,13 @@ int main(int argc, char **argv) {
                  !strcmp(v, "quant,fp16");
         }
         if (!ok) return usage("a value outside its range");
+    }
+    {
+        int longest = 0;
+        for (int i = 0; i < n_ctx; i++) longest = ctxs[i] > longest ? ctxs[i] : longest;
+        const int need = longest + n_new + 8 * 9 + 16; // the prompt, the run's tokens, a round's slack
+        if (max_len > 0 && max_len < need) return usage("--max-seq-len is below the longest context + --new + 88");
+        if (max_len == 0) max_len = need;
     }
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -142,8 +152,8 @@ int main(int argc, char **argv) {
            model, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->vocab_size, now_s() - t0);
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    printf("# %s; gamma %d, %d new tokens per sequence, prefill chunk %d, CUDA graphs %s\n\n", prop.name, gamma,
-           n_new, chunk, graphs ? "on" : "off");
+    printf("# %s; gamma %d, %d new tokens per sequence, prefill chunk %d, max_seq_len %d, CUDA graphs %s\n\n",
+           prop.name, gamma, n_new, chunk, max_len, graphs ? "on" : "off");
     fflush(stdout);
 
     int max_ctx = 0, max_b = 0;
@@ -167,7 +177,7 @@ int main(int argc, char **argv) {
         p.prefix_cache = false;
         p.group_size = 128;
         p.max_seqs = max_b;
-        p.max_seq_len = max_ctx + n_new + 8 * 9 + 16;
+        p.max_seq_len = max_len;
         p.max_gamma = 8;
         p.prefill_chunk = chunk;
         p.max_batch_rows = chunk > 1024 ? chunk : 1024;
