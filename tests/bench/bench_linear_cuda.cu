@@ -142,6 +142,41 @@ static double copy_gbps(cudaStream_t s, size_t bytes) {
     return 2.0 * (double)bytes / (ms[7] * 1e-3) / 1e9;
 }
 
+// One dense shape's device buffers: enough weight copies (>= 4x L2 in all)
+// that no launch finds its weights in L2, 64 rows of x and out, and a
+// dense_ri workspace for 64 rows at any k split.
+typedef struct dense_set {
+    int m, k, copies;
+    void **w;
+    void *x, *out, *ws;
+    size_t ws_bytes;
+} dense_set;
+
+static dense_set dense_alloc(int m, int k, size_t l2, uint32_t seed) {
+    dense_set d = {m, k, 0, NULL, NULL, NULL, NULL, (size_t)8 * 64 * m * 4};
+    const size_t bytes = (size_t)m * k * 2;
+    d.copies = (int)((4 * l2 + bytes - 1) / bytes) + 1;
+    d.w = (void **)calloc(d.copies, sizeof *d.w);
+    for (int c = 0; c < d.copies; c++) {
+        CUDA_OK(cudaMalloc(&d.w[c], bytes));
+        fill(d.w[c], (size_t)m * k, 1, seed + c);
+    }
+    CUDA_OK(cudaMalloc(&d.x, (size_t)64 * k * 2));
+    CUDA_OK(cudaMalloc(&d.out, (size_t)64 * m * 4));
+    CUDA_OK(cudaMalloc(&d.ws, d.ws_bytes));
+    fill(d.x, (size_t)64 * k, 1, seed + 100);
+    CUDA_OK(cudaDeviceSynchronize());
+    return d;
+}
+
+static void dense_free(dense_set *d) {
+    for (int c = 0; c < d->copies; c++) cudaFree(d->w[c]);
+    free(d->w);
+    cudaFree(d->x);
+    cudaFree(d->out);
+    cudaFree(d->ws);
+}
+
 // --dense: the row-invariant dense matmul (what the engine's decode, draft
 // and verify passes run for dense weights) against cuBLAS on the same
 // weights: one cuBLAS call of n rows, and the 16-row slices step mode used
@@ -157,69 +192,38 @@ static void dense_bench(int quick, int sweep, double peak, size_t l2, cudaStream
                "S=8 |\n|---|---|---|---|---|---|---|---|---|\n");
         const int ss[3] = {0, 1, 3}, sn[4] = {1, 16, 40, 64};
         for (int i = 0; i < 3; i++) {
-            const int m = shapes[ss[i]][0], k = shapes[ss[i]][1];
-            const size_t bytes = (size_t)m * k * 2;
-            const int cd = (int)((4 * l2 + bytes - 1) / bytes) + 1;
-            void **w = (void **)calloc(cd, sizeof *w);
-            for (int c = 0; c < cd; c++) {
-                CUDA_OK(cudaMalloc(&w[c], bytes));
-                fill(w[c], (size_t)m * k, 1, 900 + c);
-            }
-            void *x, *out, *ws;
-            const size_t wsb = (size_t)8 * 64 * m * 4;
-            CUDA_OK(cudaMalloc(&x, (size_t)64 * k * 2));
-            CUDA_OK(cudaMalloc(&out, (size_t)64 * m * 4));
-            CUDA_OK(cudaMalloc(&ws, wsb));
-            fill(x, (size_t)64 * k, 1, 950);
+            dense_set d = dense_alloc(shapes[ss[i]][0], shapes[ss[i]][1], l2, 900);
             for (int j = 0; j < 4; j++) {
                 printf("| %s | %d |", names[ss[i]], sn[j]);
                 for (int S = 1; S <= 8; S += S < 6 ? 1 : 2) {
                     nb_cuda_matmul_dense_ri_set_split(S);
-                    bench_ctx c = {m, k, sn[j], cd, NULL, w, x, out, cb, 3, 0, ws, wsb, NB_DTYPE_BF16};
+                    bench_ctx c = {d.m, d.k, sn[j], d.copies, NULL, d.w, d.x, d.out, cb, 3, 0, d.ws, d.ws_bytes,
+                                   NB_DTYPE_BF16};
                     printf(" %.2f |", time_path(&c, s, reps));
                 }
                 nb_cuda_matmul_dense_ri_set_split(0);
                 printf("\n");
                 fflush(stdout);
             }
-            for (int c = 0; c < cd; c++) cudaFree(w[c]);
-            free(w);
-            cudaFree(x);
-            cudaFree(out);
-            cudaFree(ws);
+            dense_free(&d);
         }
         printf("\n");
     }
-    const nb_dtype dts[2] = {NB_DTYPE_BF16, NB_DTYPE_F16};
     printf("Dense linear layer, out[n][m] f32 = x[n][k] W^T (Llama-3-8B shapes; qkv and gate|up "
            "stacked as the engine runs them); us per launch; S = k splits of dense_ri; GB/s and "
            "%% of the copy bandwidth count the weight bytes only; \"sliced\" = cuBLAS on 16-row "
            "slices (step mode before dense_ri):\n\n");
     printf("| shape (m x k) | dtype | S | n | dense_ri us | no PDL us | GB/s | %% peak | cuBLAS us | "
            "sliced us | vs cuBLAS | vs sliced |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    const nb_dtype dts[2] = {NB_DTYPE_BF16, NB_DTYPE_F16};
     for (int si = 0; si < n_shapes; si++) {
         const int m = shapes[si][0], k = shapes[si][1];
         const size_t bytes = (size_t)m * k * 2;
-        const int cd = (int)((4 * l2 + bytes - 1) / bytes) + 1;
-        void **w = (void **)calloc(cd, sizeof *w);
-        for (int c = 0; c < cd; c++) {
-            CUDA_OK(cudaMalloc(&w[c], bytes));
-            fill(w[c], (size_t)m * k, 1, 700 + c);
-        }
-        void *x, *out, *ws = NULL;
-        CUDA_OK(cudaMalloc(&x, (size_t)64 * k * 2));
-        CUDA_OK(cudaMalloc(&out, (size_t)64 * m * 4));
-        fill(x, (size_t)64 * k, 1, 800 + si);
-        const size_t wsb = nb_cuda_matmul_dense_ri_workspace_bytes(64, m, k);
-        if (wsb) {
-            CUDA_OK(cudaMalloc(&ws, wsb));
-            CUDA_OK(cudaMemset(ws, 0, wsb));
-        }
-        CUDA_OK(cudaDeviceSynchronize());
-        for (int d = 0; d < (quick ? 1 : 2); d++)
+        dense_set d = dense_alloc(m, k, l2, 700);
+        for (int di = 0; di < (quick ? 1 : 2); di++)
             for (int bi = 0; bi < n_batches; bi++) {
                 const int n = batches[bi];
-                bench_ctx c = {m, k, n, cd, NULL, w, x, out, cb, 3, 0, ws, wsb, dts[d]};
+                bench_ctx c = {m, k, n, d.copies, NULL, d.w, d.x, d.out, cb, 3, 0, d.ws, d.ws_bytes, dts[di]};
                 const double t_ri = time_path(&c, s, reps);
                 nb_cuda_matmul_wq_set_pdl(0);
                 const double t_np = time_path(&c, s, reps);
@@ -230,15 +234,11 @@ static void dense_bench(int quick, int sweep, double peak, size_t l2, cudaStream
                 const double t_sl = time_path(&c, s, reps);
                 const double gbps = (double)bytes / (t_ri * 1e-6) / 1e9;
                 printf("| %s | %s | %d | %d | %.2f | %.2f | %.0f | %.1f%% | %.2f | %.2f | %.2fx | %.2fx |\n",
-                       names[si], nb_dtype_name(dts[d]), nb_cuda_matmul_dense_ri_split(m, k), n, t_ri, t_np,
+                       names[si], nb_dtype_name(dts[di]), nb_cuda_matmul_dense_ri_split(m, k), n, t_ri, t_np,
                        gbps, 100.0 * gbps / peak, t_cb, t_sl, t_cb / t_ri, t_sl / t_ri);
                 fflush(stdout);
             }
-        for (int c = 0; c < cd; c++) cudaFree(w[c]);
-        free(w);
-        cudaFree(x);
-        cudaFree(out);
-        cudaFree(ws);
+        dense_free(&d);
     }
 }
 
