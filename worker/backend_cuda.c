@@ -1322,7 +1322,8 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     {
         const char *e = getenv("NB_DENSE_RI");
         be->ri_on = (be->adt == NB_DTYPE_F16 || be->adt == NB_DTYPE_BF16) && !(e && e[0] == '0');
-        const int rn = be->Rp < RI_SLICE ? be->Rp : RI_SLICE;
+        const int rmax = be->Rp > be->LRp ? be->Rp : be->LRp; // layer rows or LM-head rows
+        const int rn = rmax < RI_SLICE ? rmax : RI_SLICE;
         size_t rw = 0;
         for (int l = 0; be->ri_on && l <= mc->n_layers; l++) {
             const dlayer *dl = l < mc->n_layers ? &be->layers[l] : NULL;
