@@ -14,8 +14,9 @@
 //   - with S == 1 the block adds the bias and stores the output; with S > 1
 //     it stores its partial sums in the workspace and a second kernel adds
 //     the S partials of each output in the order s = 0, 1, ..., S - 1, then
-//     the bias (spread over the whole GPU: one block finishing each tile's
-//     sum was latency bound, 43 us instead of ~15 at 64 rows);
+//     the bias (spread over the whole GPU: the last block of each tile
+//     adding them was latency bound, 43.6 us instead of 20.3 at 4096x4096
+//     and 64 rows);
 //   - x rows ride in the mma's n dimension: NX tiles of 8 rows (NX = 1, 2,
 //     4 or 8 by n) only change how many accumulators a warp keeps, not the
 //     arithmetic of any one of them. n > 64 adds blocks in grid.y.
