@@ -34,18 +34,11 @@ extern "C" {
 #include "nb_test.h"
 
 #include "../nb_cuda_check.h"
+#include "linear_test_util.h"
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static double urand(void) { // [0, 1)
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
-}
+static double urand(void) { return lt_urand(&g_rng); } // [0, 1)
 
-static float out_u(nb_dtype t) {
-    return t == NB_DTYPE_F32 ? 0.0f : t == NB_DTYPE_F16 ? ldexpf(1.0f, -11) : ldexpf(1.0f, -8);
-}
 
 #define NMAX 130
 
@@ -88,7 +81,7 @@ static void compare_ref(shape_ctx *c, const void *h, nb_dtype odt, int r0, int n
             const size_t e = (size_t)(r0 + i) * c->m + j;
             const double got = nb_load_f32(h, odt, (size_t)i * c->m + j);
             const double s = ldexp((double)c->S[e], -14);
-            const double tol = s + out_u(odt) * (fabs((double)c->ref[e]) + s);
+            const double tol = s + lt_out_u(odt) * (fabs((double)c->ref[e]) + s);
             const double err = fabs(got - (double)c->ref[e]);
             if (!(err <= tol)) {
                 if (bad < 3)

@@ -43,14 +43,10 @@ extern "C" {
 #include "nb_test.h"
 
 #include "../nb_cuda_check.h"
+#include "linear_test_util.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static double urand(void) { // [0, 1)
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
-}
+static double urand(void) { return lt_urand(&g_rng); } // [0, 1)
 
 static void *dev_upload(const void *h, size_t bytes) {
     void *d = NULL;
@@ -59,9 +55,6 @@ static void *dev_upload(const void *h, size_t bytes) {
     return d;
 }
 
-static float out_u(nb_dtype t) {
-    return t == NB_DTYPE_F32 ? 0.0f : t == NB_DTYPE_F16 ? 1.0f / 2048 : 1.0f / 256;
-}
 
 typedef struct case_stats {
     double worst;   // largest |err| / tol seen
@@ -78,8 +71,8 @@ static void compare(const char *what, const void *d_out, nb_dtype odt, const flo
     int bad = 0;
     for (size_t e = 0; e < cnt; e++) {
         const float got = nb_load_f32(h, odt, e);
-        const double tol = ldexp((double)S[e], -14) + u_mul * out_u(odt) * fabs((double)ref[e]) +
-                           (babs ? 2.0 * out_u(odt) * (fabs((double)ref[e]) + babs[e % m]) : 0.0);
+        const double tol = ldexp((double)S[e], -14) + u_mul * lt_out_u(odt) * fabs((double)ref[e]) +
+                           (babs ? 2.0 * lt_out_u(odt) * (fabs((double)ref[e]) + babs[e % m]) : 0.0);
         const double err = fabs((double)got - (double)ref[e]);
         if (!(err <= tol)) {
             if (bad < 3)
