@@ -1439,10 +1439,10 @@ void plan_units(pa_kp &kp, const nb_pa_args *a, int units_max, long base, long t
     kp.n_chunks = cdiv(units_max, kp.upc);
 }
 
-template <typename T, int MODE, int CPS>
+template <typename T, int MODE, int CPS, int NM = 1>
 nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-    using C = tc_cfg<T, MODE, CPS>;
-    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE, CPS>;
+    using C = tc_cfg<T, MODE, CPS, NM>;
+    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE, CPS, NM>;
     static kern_dev kd;
     if (kern_prepare(kd, kern, C::SMEM) != NB_OK) return NB_ERR_BACKEND;
     const int dev_sms = kd.sms;
@@ -1484,11 +1484,16 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
 // depends on the view, the split kind and the model's head ratio only,
 // never on the call's rows or sequences (a row-invariant row must take the
 // same warp split whatever its batch).
-template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
+int tc_cps(nb_pa_mode mode, bool inv, int g) {
     const char *e = getenv("NB_PA_TC_CPS");
-    const bool inv = a->fixed_chunk_groups > 0;
-    int cps = inv && (MODE == NB_PA_DRAFT || (MODE == NB_PA_TARGET && kp.g == 1)) ? 2 : 1;
-    if (e && (e[0] == '1' || e[0] == '2')) cps = e[0] - '0';
+    if (e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
+    return inv && (mode == NB_PA_DRAFT || (mode == NB_PA_TARGET && g == 1)) ? 2 : 1;
+}
+template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
+    if constexpr (MODE == NB_PA_TARGET) { // wide entries (tc_wide): two query tiles per CTA
+        if ((long)a->max_rows * kp.g > TC_M) return tc_launch<T, MODE, 1, 2>(kp, a, s);
+    }
+    const int cps = tc_cps((nb_pa_mode)MODE, a->fixed_chunk_groups > 0, kp.g);
     return cps == 2 ? tc_launch<T, MODE, 2>(kp, a, s) : tc_launch<T, MODE, 1>(kp, a, s);
 }
 template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
@@ -1561,6 +1566,22 @@ bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
     if (e && e[0] == '0') return false;
     if (e && e[0] == '1') return true;
     return mode != NB_PA_TARGET || gqa >= 2 || inv;
+}
+// Row-invariant target-view calls of 9-16 query vectors per kv head (a
+// verify entry of up to 16 / GQA rows) on the tensor-core kernel with two
+// query tiles per CTA (tc_cfg NM = 2): every cached byte is copied and
+// unpacked once for both tiles, where two 8-vector entries would each read
+// the whole context. Only where the one-tile kernel runs the same warp
+// split (one CTA per SM: models with >= 2 query heads per kv head), so a
+// row gets the bits of its one-row decode. NB_PA_TC_WIDE=0 in the
+// environment turns it off (benchmarks compare; read per call, as
+// nb_pa_step_entry_vectors reads it; =1 there forces wide entries).
+bool tc_wide(const nb_kv_layout *lay, nb_pa_mode mode, int g) {
+    const char *e = getenv("NB_PA_TC_WIDE");
+    if (e && e[0] == '0') return false;
+    return mode == NB_PA_TARGET && lay->head_dim == TC_D && lay->group_size % 32 == 0 &&
+           (lay->dtype == NB_DTYPE_F16 || lay->dtype == NB_DTYPE_BF16) && g >= 2 && use_tc(g, mode, true) &&
+           tc_cps(mode, true, g) == 1;
 }
 template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
     if (M_max <= 1) return dec_by_mode<D, T, 1>(kp, a, s);
@@ -1670,6 +1691,23 @@ nb_status by_mode(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
 
 } // namespace
 
+extern "C" int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32_t n_q_heads,
+                                            int64_t narrow_ctas) {
+    if (!lay || lay->n_kv_heads < 1 || n_q_heads < 1 || n_q_heads % lay->n_kv_heads) return 0;
+    if (!tc_wide(lay, mode, n_q_heads / lay->n_kv_heads)) return DEC_MMAX;
+    const char *e = getenv("NB_PA_TC_WIDE");
+    if (narrow_ctas <= 0 || (e && e[0] == '1')) return 2 * TC_M;
+    // One CTA per SM (the target view's tensor-core kernel at CPS 1).
+    static int dev = -1, sms = 0;
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return DEC_MMAX;
+    if (cur != dev) {
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess) return DEC_MMAX;
+        dev = cur;
+    }
+    return narrow_ctas > sms ? 2 * TC_M : DEC_MMAX;
+}
+
 extern "C" size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,
                                        int32_t head_dim, int32_t max_chunks) {
     if (n_seqs < 1 || max_rows < 1 || n_q_heads < 1 || head_dim < 1 || max_chunks < 1) return 0;
@@ -1729,11 +1767,12 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     // warp-per-slice kernel. pa_merge_kernel reads only kp.pl.D of the plan.
     const bool aligned = ((uintptr_t)a->pools.fp | (uintptr_t)a->pools.upper | (uintptr_t)a->pools.lower |
                           (uintptr_t)a->pools.scales) % 16 == 0;
-    if (a->fixed_chunk_groups > 0 && !(fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned))
-        return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernel only
+    const bool wide = a->fixed_chunk_groups > 0 && M_max > TC_M && M_max <= 2 * TC_M && tc_wide(&a->lay, a->mode, g);
+    if (a->fixed_chunk_groups > 0 && !(fast && G % 32 == 0 && (M_max <= DEC_MMAX || wide) && aligned))
+        return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernels only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
-    if (fast && G % 32 == 0 && M_max <= DEC_MMAX && aligned) {
-        if (D == TC_D && M_max <= TC_M && use_tc(g, a->mode, a->fixed_chunk_groups > 0)) {
+    if (fast && G % 32 == 0 && (M_max <= DEC_MMAX || wide) && aligned) {
+        if (D == TC_D && (M_max <= TC_M || wide) && use_tc(g, a->mode, a->fixed_chunk_groups > 0)) {
             const nb_status st = a->lay.dtype == NB_DTYPE_F16 ? tc_by_mode<__half>(kp, a, stream)
                                                               : tc_by_mode<__nv_bfloat16>(kp, a, stream);
             if (st != NB_ERR_UNSUPPORTED) return st; // unsupported: bf16 FP-only, the scalar kernel below

@@ -23,7 +23,9 @@
 // lo). The tensor-core kernel takes every view of models with >= 2 query
 // heads per kv head and the draft / FP-only views with 1, and with the
 // row-invariant split the target view with 1 too (its FP-only view on f16
-// caches only); NB_PA_TC=0 / 1 in the environment forces the scalar /
+// caches only), and row-invariant target-view entries of 9-16 query
+// vectors (verify rows at GQA >= 2; nb_pa_step_entry_vectors);
+// NB_PA_TC=0 / 1 in the environment forces the scalar /
 // tensor-core kernel where both apply. More query vectors (prefill chunks)
 // at D = 128, G % 32 == 0, f16/bf16, target or FP-only view: the
 // tensor-core prefill kernel (paged_attention_prefill.cuh: FlashAttention-2
@@ -103,12 +105,28 @@ typedef struct nb_pa_args {
     // pre-quantization bookkeeping of the call. This is what makes a verify
     // row equal the target-only decode row at the same position (greedy
     // speculative == greedy target-only on the GPU). Needs the decode kernel
-    // (max_rows * n_q_heads/n_kv_heads <= 8, D 64/128, f16/bf16, G % 32 == 0,
-    // aligned pools; else NB_ERR_UNSUPPORTED) and ceil(ceil(max_tokens/G) /
-    // fixed_chunk_groups) <= max_chunks (else NB_ERR_INVALID_ARG). Callers
-    // split longer verify rows into several nb_pa_seq entries.
+    // (max_rows * n_q_heads/n_kv_heads <= nb_pa_step_entry_vectors(), D
+    // 64/128, f16/bf16, G % 32 == 0, aligned pools; else
+    // NB_ERR_UNSUPPORTED) and ceil(ceil(max_tokens/G) / fixed_chunk_groups)
+    // <= max_chunks (else NB_ERR_INVALID_ARG). Callers split longer verify
+    // rows into several nb_pa_seq entries.
     int32_t fixed_chunk_groups;
 } nb_pa_args;
+
+// Query vectors (rows x n_q_heads/n_kv_heads) per entry to cut a
+// row-invariant call's rows into. 8, or 16 for the target view at D = 128
+// on f16/bf16 caches with G % 32 == 0 and >= 2 query heads per kv head (the
+// tensor-core kernel with two query tiles per CTA: an entry of up to 16
+// vectors reads each cached byte once) when the call, cut into 8-vector
+// entries, would launch narrow_ctas > one CTA per SM (entries x
+// n_kv_heads x grid chunks). Below one wave the narrow entries' extra CTAs
+// run side by side and each two-tile CTA takes ~1.4x as long (H100,
+// docs/benchmarks.md). narrow_ctas <= 0: the most any call gets (for
+// sizing). 0 for bad arguments. A row's bits are the same either way.
+// NB_PA_TC=0, NB_PA_TC_CPS=2 or NB_PA_TC_WIDE=0 in the environment
+// (tests, benchmarks) make it 8, NB_PA_TC_WIDE=1 16 where the two-tile
+// kernel applies, whatever the grid; read per call.
+int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32_t n_q_heads, int64_t narrow_ctas);
 
 // Bytes of workspace for batches of up to n_seqs sequences of up to max_rows
 // rows, split into at most max_chunks chunks (64 is a good value; 1 disables

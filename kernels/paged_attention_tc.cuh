@@ -64,8 +64,11 @@
 //
 // Shapes: D = 128, G % 32 == 0, f16 or bf16 cache (FP_ONLY: f16 only; bf16
 // FP-block values are converted to f16, exact within f16's range; finite
-// values beyond +-65504 saturate), <= 8 query vectors per kv head, pools
-// 16-byte aligned. q * softmax_scale * log2(e) and q * S_c must be finite
+// values beyond +-65504 saturate), <= 8 query vectors per kv head (NM = 2,
+// the row-invariant target view: <= 16, as two 8-column tiles that share
+// every copy, K code unpacking and V code pairing; each tile keeps its own
+// accumulators, softmax state and q fragments, and computes exactly what
+// the one-tile kernel computes for its columns), pools 16-byte aligned. q * softmax_scale * log2(e) and q * S_c must be finite
 // in f16 (|x| < 65504), as for the kernel this one replaced.
 
 constexpr int TC_D = 128;
@@ -97,7 +100,7 @@ __device__ __forceinline__ unsigned long long tc_now() {
 #define TC_TRACE(k) ((void)0)
 #endif
 
-template <typename T, int MODE, int CPS> struct tc_cfg {
+template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
     // CTAs per SM (1 or 2), warps per CTA and ring slots per warp, measured
@@ -108,10 +111,18 @@ template <typename T, int MODE, int CPS> struct tc_cfg {
     // 168-register cap and measured up to 7% slower). Two CTAs per SM
     // (half the warps each, 32-token tiles, <= 113 KB of shared memory)
     // let one CTA's prologue and merge run under the other's stream.
+    // NM: 8-column query tiles per CTA. NM = 2 (the target view at one CTA
+    // per SM only: verify entries of 9-16 query vectors) shares each tile's
+    // copies and code unpacking between the two; its q * S fragments live
+    // in shared memory (registers would spill) and the ring has 2 slots
+    // (shared memory). NW does not depend on NM: a row's warp split, so
+    // its bits, are those of the one-tile kernel.
     static_assert(CPS == 1 || CPS == 2, "one or two CTAs per SM");
+    static_assert(NM == 1 || (NM == 2 && TGT && CPS == 1), "two tiles: the target view at one CTA per SM");
     static constexpr int NW = (TGT ? 8 : 12) / CPS;
-    static constexpr int NSW = TGT && CPS == 1 ? 3 : 2;
+    static constexpr int NSW = TGT && CPS == 1 && NM == 1 ? 3 : 2;
     static constexpr int NT = NW * 32;
+    static constexpr int MV = TC_M * NM; // query vectors per CTA
     // Quantized tile: up to QT tokens (two 32-token sub-slices for the
     // draft when the warp has >= 16 slices, one for the target: ~8.5 KB
     // either way) of one block: K and V rows of the
@@ -128,15 +139,18 @@ template <typename T, int MODE, int CPS> struct tc_cfg {
     static constexpr int SLOT = (((QUANT && Q_BYTES > F_BYTES) ? Q_BYTES : F_BYTES) + 127) & ~127;
     // Split-K weights: bytes of a quantized / FP 32-token slice, in units of the smaller.
     static constexpr int WQ = 1, WF = !QUANT ? 1 : TGT ? 2 : 4;
-    // Shared memory: q B fragments (2 maps x 32 words x 32 lanes), q *
-    // scale * log2(e) as f32 [8][D], mbarriers, tile descriptors, the ring.
-    static constexpr int QB_OFF = 0, QB_BYTES = 2 * 32 * 32 * 4;
-    static constexpr int QF_OFF = QB_OFF + QB_BYTES, QF_BYTES = TC_M * TC_D * 4;
-    static constexpr int BAR_OFF = QF_OFF + QF_BYTES;
+    // Shared memory: per tile the q B fragments (2 maps x 32 words x 32
+    // lanes), q * scale * log2(e) as f32 [MV][D], (NM > 1) each warp's
+    // per-block q * S fragments [NW][NM][8 k-steps][32 lanes][hi b0, hi b1,
+    // lo b0, lo b1], mbarriers, tile descriptors, the ring.
+    static constexpr int QB_OFF = 0, QB_BYTES = NM * 2 * 32 * 32 * 4;
+    static constexpr int QF_OFF = QB_OFF + QB_BYTES, QF_BYTES = MV * TC_D * 4;
+    static constexpr int QS_OFF = QF_OFF + QF_BYTES, QS_BYTES = NM > 1 ? NW * NM * 8 * 32 * 16 : 0;
+    static constexpr int BAR_OFF = QS_OFF + QS_BYTES;
     static constexpr int DESC_OFF = BAR_OFF + NW * NSW * 8;
     static constexpr int RING_OFF = (DESC_OFF + NW * NSW * 16 + 127) & ~127;
     static constexpr int SMEM = RING_OFF + NW * NSW * SLOT;
-    static constexpr int MERGE_BYTES = NW * TC_M * TC_D * 4 + NW * TC_M * 2 * 4;
+    static constexpr int MERGE_BYTES = NW * MV * TC_D * 4 + NW * MV * 2 * 4;
     static_assert(MERGE_BYTES <= NW * NSW * SLOT, "the CTA merge area aliases the ring");
     static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
 };
@@ -229,6 +243,17 @@ __device__ __forceinline__ void draft_k4(uint32_t u, uint32_t (&h)[4]) {
     h[3] = s & 0x00f000f0u;
 }
 
+// A bf16 pair (one 32-bit word, low half first) as an f16 pair; ok stays
+// true only if both convert exactly (NaN, out-of-range and values that
+// lose bits as f16 subnormals clear it).
+__device__ __forceinline__ uint32_t bf2_h2_exact(uint32_t w, bool &ok) {
+    const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xFFFF0000u);
+    const __half2 h = __floats2half2_rn(lo, hi);
+    const float2 b = __half22float2(h);
+    ok = ok && b.x == lo && b.y == hi;
+    return h2u(h);
+}
+
 // Codes 16U + Lstored (= C8 + 8, 0..255) of the even / odd channels of a word
 // pair of both planes, one byte each.
 __device__ __forceinline__ uint32_t codes_even(uint32_t u, uint32_t l) {
@@ -293,17 +318,17 @@ template <int MAP> __device__ __forceinline__ void tc_qb_word(uint32_t *qb, cons
     qb[((wi >> 2) * 32 + ln) * 4 + (wi & 3)] = v;
 }
 
-template <typename T, int MODE, int CPS>
-__global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(const pa_kp P) {
-    using C = tc_cfg<T, MODE, CPS>;
-    constexpr int NW = C::NW, NSW = C::NSW, NT = C::NT, QT = C::QT;
+template <typename T, int MODE, int CPS, int NM>
+__global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kernel(const pa_kp P) {
+    using C = tc_cfg<T, MODE, CPS, NM>;
+    constexpr int NW = C::NW, NSW = C::NSW, NT = C::NT, QT = C::QT, MV = C::MV;
     constexpr bool QUANT = C::QUANT, TGT = C::TGT;
     constexpr bool F16 = std::is_same<T, __half>::value;
     constexpr int D = TC_D, RB = D / 2;
     constexpr float K24 = 16777216.0f; // 2^24: undoes the subnormal code scale
     extern __shared__ __align__(128) uint8_t smem[];
-    uint32_t *qb = (uint32_t *)(smem + C::QB_OFF); // [map q | fp][8][32 lanes][4]
-    float *qf = (float *)(smem + C::QF_OFF);       // [8][D] q * scale * log2(e)
+    uint32_t *qb = (uint32_t *)(smem + C::QB_OFF); // [NM][map q | fp][8][32 lanes][4]
+    float *qf = (float *)(smem + C::QF_OFF);       // [MV][D] q * scale * log2(e)
     uint64_t *bars = (uint64_t *)(smem + C::BAR_OFF);
     int4 *descs = (int4 *)(smem + C::DESC_OFF);
     uint8_t *ring = smem + C::RING_OFF;
@@ -323,7 +348,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
     const int nfp = fp_span > 0 ? cdiv(fp_span, G) : 0;
     const int nU = nq + pq + nfp;
     const int spu = G / 32;
-    const int Mt = S.n_rows * gq; // <= 8
+    const int Mt = S.n_rows * gq; // <= MV
+    const int nact = (Mt + TC_M - 1) / TC_M; // tiles with query vectors (warp-uniform)
     const int nQs = (nq + pq) * spu, nS = nU * spu;
 
     // ---- this CTA's slices and units ----
@@ -517,33 +543,36 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
     // slots. q goes first so it does not queue behind the copies; the copy
     // engine serves an SM's requests roughly in order, so every warp gets
     // its first tile early.
-    static_assert(TC_M * D / 4 <= 2 * NT, "q: two float4 per thread at most");
-    float4 qv[2];
+    constexpr int KQ = (MV * D / 4 + NT - 1) / NT; // float4 of q per thread
+    static_assert(KQ <= 2, "q: two float4 per thread at most");
+    float4 qv[KQ];
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < KQ; k++) {
         const int i = tid + k * NT, m = i / (D / 4), c4 = i % (D / 4);
         qv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i < TC_M * D / 4 && m < Mt)
+        if (i < MV * D / 4 && m < Mt)
             qv[k] = *(const float4 *)(P.q + ((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D +
                                       4 * c4);
     }
     issue(0);
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < KQ; k++) {
         const int i = tid + k * NT;
-        if (i < TC_M * D / 4)
+        if (i < MV * D / 4)
             *(float4 *)(qf + 4 * i) = make_float4(qv[k].x * P.scale_log2, qv[k].y * P.scale_log2,
                                                   qv[k].z * P.scale_log2, qv[k].w * P.scale_log2);
     }
     __syncthreads();
-    for (int i = tid; i < 2 * 32 * 32; i += NT) {
-        const int map = i >> 10, ln = (i >> 5) & 31, wi = i & 31;
+    for (int i = tid; i < NM * 2 * 32 * 32; i += NT) {
+        const int j = i >> 11, map = (i >> 10) & 1, ln = (i >> 5) & 31, wi = i & 31;
+        uint32_t *qbj = qb + j * 2 * 32 * 32;
+        const float *qfj = qf + j * TC_M * D;
         if (map == 0) {
             if (!QUANT) continue;
-            if (TGT) tc_qb_word<1>(qb, qf, ln, wi);
-            else tc_qb_word<0>(qb, qf, ln, wi);
+            if (TGT) tc_qb_word<1>(qbj, qfj, ln, wi);
+            else tc_qb_word<0>(qbj, qfj, ln, wi);
         } else {
-            tc_qb_word<2>(qb + 32 * 32, qf, ln, wi);
+            tc_qb_word<2>(qbj + 32 * 32, qfj, ln, wi);
         }
     }
 #pragma unroll 1
@@ -552,24 +581,48 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
     TC_TRACE(1);
 
     // ---- per-lane state ----
-    float acc[8][4]; // out^T m-tile b: rows tc_out_ch(g, b, 0 | 1), query vectors 2t, 2t+1
+    // Per tile j (query vectors 8j .. 8j+7): out^T m-tile b: rows
+    // tc_out_ch(g, b, 0 | 1), query vectors 8j + 2t, 8j + 2t + 1.
+    float acc[NM][8][4];
+    float mrun[NM][2], lsum[NM][2], zsum[NM][2];
+    float qz[NM][2];  // the current block's score offset (log2 units)
+    int qpos[NM][2];
+    bool qok[NM][2], qpre[NM][2];
 #pragma unroll
-    for (int b = 0; b < 8; b++)
+    for (int j = 0; j < NM; j++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[b][i] = 0.0f;
-    float mrun[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
-    float qz[2] = {0.0f, 0.0f};     // the current block's score offset (log2 units), query vectors 2t, 2t+1
-    uint32_t qsh[16], qsl[16];      // the current block's q * S B fragments (hi, lo)
-    bool qdom = QUANT;              // accumulators still in the code domain
-    int qpos[2];
-    bool qok[2], qpre[2];
+        for (int b = 0; b < 8; b++)
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int m = 2 * t4 + h;
-        qok[h] = m < Mt;
-        qpos[h] = S.pos0 + (qok[h] ? m / gq : 0);
-        qpre[h] = row_uses_prequant(qpos[h], G, nq, pq);
+            for (int i = 0; i < 4; i++) acc[j][b][i] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mrun[j][h] = -INFINITY;
+            lsum[j][h] = zsum[j][h] = qz[j][h] = 0.0f;
+            const int m = TC_M * j + 2 * t4 + h;
+            qok[j][h] = m < Mt;
+            qpos[j][h] = S.pos0 + (qok[j][h] ? m / gq : 0);
+            qpre[j][h] = row_uses_prequant(qpos[j][h], G, nq, pq);
+        }
     }
+    // The current block's q * S B fragments (hi, lo) of tile j, k-step s:
+    // registers with one tile, this warp's shared-memory area with two.
+    uint32_t qsh[NM == 1 ? 16 : 1], qsl[NM == 1 ? 16 : 1];
+    uint4 *qsw = (uint4 *)(smem + C::QS_OFF) + (size_t)warp * NM * 8 * 32;
+    auto qs_put = [&](int j, int s, uint32_t h0, uint32_t h1, uint32_t l0, uint32_t l1) {
+        if constexpr (NM == 1) {
+            qsh[2 * s] = h0;
+            qsh[2 * s + 1] = h1;
+            qsl[2 * s] = l0;
+            qsl[2 * s + 1] = l1;
+        } else {
+            qsw[(j * 8 + s) * 32 + lane] = make_uint4(h0, h1, l0, l1);
+        }
+    };
+    auto qs_get = [&](int j, int s) -> uint4 {
+        if constexpr (NM == 1) return make_uint4(qsh[2 * s], qsh[2 * s + 1], qsl[2 * s], qsl[2 * s + 1]);
+        else return qsw[(j * 8 + s) * 32 + lane];
+    };
+    bool qdom = QUANT; // accumulators still in the code domain
     // Code domain -> values (exact powers of two). The accumulators hold
     // sum p * S_t * code * 2^-24 (P' = p * S_t, codes as subnormals): the
     // draft's m-tiles 0-3 with code = U (value U * S: x 2^24), 4-7 with code =
@@ -577,18 +630,20 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
     // (x 2^20; the -8 * S/16 went into the zero term).
     auto to_values = [&]() {
 #pragma unroll
-        for (int b = 0; b < 8; b++) {
-            const float f = TGT ? 1048576.0f : (b < 4 ? K24 : 1048576.0f);
+        for (int j = 0; j < NM; j++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[b][i] *= f;
-        }
+            for (int b = 0; b < 8; b++) {
+                const float f = TGT ? 1048576.0f : (b < 4 ? K24 : 1048576.0f);
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[j][b][i] *= f;
+            }
     };
 
     // One online-softmax step over NMT score m-tiles of a tile. sc: raw MMA
     // results (times ks, plus off[h], are the scores in log2 units). Returns
     // the weights in sc. MASK: per-entry validity (tokens, query vectors,
     // causality, the C_F1 row classes); unmasked tiles skip it.
-    auto softmax = [&](auto nmt_c, auto mask_c, float (&sc)[2][4], float ks, const float (&off)[2], int tpos,
+    auto softmax = [&](auto nmt_c, auto mask_c, int j, float (&sc)[2][4], float ks, const float (&off)[2], int tpos,
                        int tl, int rmask) {
         constexpr int NMT = decltype(nmt_c)::value;
         constexpr bool MASK = decltype(mask_c)::value;
@@ -601,8 +656,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
                 bool ok = true;
                 if constexpr (MASK) {
                     const int tk = 16 * mt + tg + 8 * (i >> 1), h = i & 1;
-                    ok = qok[h] && tk < tl && tpos + tk <= qpos[h];
-                    if (rmask) ok = ok && (qpre[h] == (rmask == 1));
+                    ok = qok[j][h] && tk < tl && tpos + tk <= qpos[j][h];
+                    if (rmask) ok = ok && (qpre[j][h] == (rmask == 1));
                     if (!ok) sc[mt][i] = -INFINITY;
                 }
                 okv[mt][i] = ok;
@@ -617,39 +672,39 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
         }
         // The running max moves rarely after the first tiles: rescale only
         // then (alpha == 1 exactly otherwise, so skipping is exact).
-        if (__any_sync(0xffffffffu, mx[0] > mrun[0] || mx[1] > mrun[1])) {
+        if (__any_sync(0xffffffffu, mx[0] > mrun[j][0] || mx[1] > mrun[j][1])) {
             float alpha[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const float mnew = fmaxf(mrun[h], mx[h]);
-                alpha[h] = mnew == -INFINITY ? 1.0f : ex2_ftz(mrun[h] - mnew);
-                mrun[h] = mnew;
-                lsum[h] *= alpha[h];
-                zsum[h] *= alpha[h];
+                const float mnew = fmaxf(mrun[j][h], mx[h]);
+                alpha[h] = mnew == -INFINITY ? 1.0f : ex2_ftz(mrun[j][h] - mnew);
+                mrun[j][h] = mnew;
+                lsum[j][h] *= alpha[h];
+                zsum[j][h] *= alpha[h];
             }
 #pragma unroll
             for (int b = 0; b < 8; b++) {
-                acc[b][0] *= alpha[0];
-                acc[b][2] *= alpha[0];
-                acc[b][1] *= alpha[1];
-                acc[b][3] *= alpha[1];
+                acc[j][b][0] *= alpha[0];
+                acc[j][b][2] *= alpha[0];
+                acc[j][b][1] *= alpha[1];
+                acc[j][b][3] *= alpha[1];
             }
         }
-        const float o0 = off[0] - mrun[0], o1 = off[1] - mrun[1];
+        const float o0 = off[0] - mrun[j][0], o1 = off[1] - mrun[j][1];
 #pragma unroll
         for (int mt = 0; mt < NMT; mt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float p = ex2_ftz(fmaf(sc[mt][i], ks, (i & 1) ? o1 : o0));
                 sc[mt][i] = (!MASK || okv[mt][i]) ? p : 0.0f;
-                lsum[i & 1] += sc[mt][i];
+                lsum[j][i & 1] += sc[mt][i];
             }
     };
 
     // One 32-token sub-slice of a quantized tile: tokens [sb, sb + 32) of
     // the slot, tl of them valid from there, the first at position tpos.
     auto quant_sub = [&](const uint8_t *st, int sb, int tpos, int tl, int rmask) {
-        // ---- scores: two 16-token m-tiles, 16 MMAs each ----
+        // ---- scores: two 16-token m-tiles, 16 MMAs each per query tile ----
         // lane (g, t): tokens 16mt + tg and + 8 (tc_tok), 16-byte chunk t of each row
         uint4 ku[2][2], kl[2][2];
 #pragma unroll
@@ -660,11 +715,13 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
                 ku[mt][rr] = *(const uint4 *)(st + C::Q_KU + off);
                 if (TGT) kl[mt][rr] = *(const uint4 *)(st + C::Q_KL + off);
             }
-        float sc[2][4], sl2[2][4]; // hi and lo chains (two short MMA dependency chains per m-tile)
+        float sc[NM][2][4], sl2[NM][2][4]; // hi and lo chains (two short MMA dependency chains per m-tile)
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int j = 0; j < NM; j++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) sc[mt][i] = sl2[mt][i] = 0.0f;
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[j][mt][i] = sl2[j][mt][i] = 0.0f;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
 #pragma unroll
@@ -682,35 +739,50 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
                 for (int e = 0; e < 2; e++) {
                     const int s = 2 * w + e;
                     const uint32_t a[4] = {h0[2 * e], h1[2 * e], h0[2 * e + 1], h1[2 * e + 1]};
-                    mma16816(sc[mt], a, qsh[2 * s], qsh[2 * s + 1]);
-                    mma16816(sl2[mt], a, qsl[2 * s], qsl[2 * s + 1]);
+#pragma unroll
+                    for (int j = 0; j < NM; j++) {
+                        if (NM > 1 && j >= nact) continue;
+                        const uint4 qs = qs_get(j, s);
+                        mma16816(sc[j][mt], a, qs.x, qs.y);
+                        mma16816(sl2[j][mt], a, qs.z, qs.w);
+                    }
                 }
             }
         }
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) sc[mt][i] += sl2[mt][i];
-        if (tl >= 32 && rmask == 0 && tpos + 31 <= S.pos0)
-            softmax(std::integral_constant<int, 2>{}, std::false_type{}, sc, K24, qz, tpos, tl, rmask);
-        else
-            softmax(std::integral_constant<int, 2>{}, std::true_type{}, sc, K24, qz, tpos, tl, rmask);
-
-        // ---- P' = p * S_t, V zero term, to B fragments ----
-        uint32_t pb[2][2];
+        // ---- softmax, then P' = p * S_t and the V zero term, to B fragments ----
+        float vsc[2][2], vzc[2][2]; // the m-tiles' V steps and zero terms, tokens r0 and r0 + 8
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             const int r0 = sb + 16 * mt + tg; // and r0 + 8
-            const float2 vs = make_float2(t2_f2<T>(*(const uint16_t *)(st + C::Q_VS + 2 * r0)).x,
-                                          t2_f2<T>(*(const uint16_t *)(st + C::Q_VS + 2 * r0 + 16)).x);
-            const float2 vz = make_float2(t2_f2<T>(*(const uint16_t *)(st + C::Q_VZ + 2 * r0)).x,
-                                          t2_f2<T>(*(const uint16_t *)(st + C::Q_VZ + 2 * r0 + 16)).x);
+            vsc[mt][0] = t2_f2<T>(*(const uint16_t *)(st + C::Q_VS + 2 * r0)).x;
+            vsc[mt][1] = t2_f2<T>(*(const uint16_t *)(st + C::Q_VS + 2 * r0 + 16)).x;
+            const float vz0 = t2_f2<T>(*(const uint16_t *)(st + C::Q_VZ + 2 * r0)).x;
+            const float vz1 = t2_f2<T>(*(const uint16_t *)(st + C::Q_VZ + 2 * r0 + 16)).x;
             // target V = code * S/16 + (Z - S/2); draft V = U * S + Z
-            const float z0 = TGT ? fmaf(-0.5f, vs.x, vz.x) : vz.x, z1 = TGT ? fmaf(-0.5f, vs.y, vz.y) : vz.y;
-            zsum[0] = fmaf(sc[mt][0], z0, fmaf(sc[mt][2], z1, zsum[0]));
-            zsum[1] = fmaf(sc[mt][1], z0, fmaf(sc[mt][3], z1, zsum[1]));
-            pb[mt][0] = movm_t(h2u(__floats2half2_rn(sc[mt][0] * vs.x, sc[mt][1] * vs.x)));
-            pb[mt][1] = movm_t(h2u(__floats2half2_rn(sc[mt][2] * vs.y, sc[mt][3] * vs.y)));
+            vzc[mt][0] = TGT ? fmaf(-0.5f, vsc[mt][0], vz0) : vz0;
+            vzc[mt][1] = TGT ? fmaf(-0.5f, vsc[mt][1], vz1) : vz1;
+        }
+        const bool full = tl >= 32 && rmask == 0 && tpos + 31 <= S.pos0;
+        uint32_t pb[NM][2][2];
+#pragma unroll
+        for (int j = 0; j < NM; j++) {
+            if (NM > 1 && j >= nact) continue;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[j][mt][i] += sl2[j][mt][i];
+            if (full)
+                softmax(std::integral_constant<int, 2>{}, std::false_type{}, j, sc[j], K24, qz[j], tpos, tl, rmask);
+            else
+                softmax(std::integral_constant<int, 2>{}, std::true_type{}, j, sc[j], K24, qz[j], tpos, tl, rmask);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const float z0 = vzc[mt][0], z1 = vzc[mt][1];
+                zsum[j][0] = fmaf(sc[j][mt][0], z0, fmaf(sc[j][mt][2], z1, zsum[j][0]));
+                zsum[j][1] = fmaf(sc[j][mt][1], z0, fmaf(sc[j][mt][3], z1, zsum[j][1]));
+                pb[j][mt][0] = movm_t(h2u(__floats2half2_rn(sc[j][mt][0] * vsc[mt][0], sc[j][mt][1] * vsc[mt][0])));
+                pb[j][mt][1] = movm_t(h2u(__floats2half2_rn(sc[j][mt][2] * vsc[mt][1], sc[j][mt][3] * vsc[mt][1])));
+            }
         }
 
         // ---- out^T += V codes^T . P'^T, one k-step per m-tile of tokens ----
@@ -759,13 +831,19 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
                         ao[2 * pr + 1] = y & 0x00f000f0u; // 4q+3 (x16)
                     }
                 }
-                mma16816(acc[q], ae, pb[mt][0], pb[mt][1]);
-                mma16816(acc[4 + q], ao, pb[mt][0], pb[mt][1]);
+#pragma unroll
+                for (int j = 0; j < NM; j++) {
+                    if (NM > 1 && j >= nact) continue;
+                    mma16816(acc[j][q], ae, pb[j][mt][0], pb[j][mt][1]);
+                    mma16816(acc[j][4 + q], ao, pb[j][mt][0], pb[j][mt][1]);
+                }
             }
         }
     };
 
-    const uint32_t *qb_q = qb, *qb_fp = qb + 32 * 32;
+    // tile j's q B fragments: quantized map, FP map
+    auto qb_q = [&](int j) -> const uint32_t * { return qb + j * 2 * 32 * 32; };
+    auto qb_fp = [&](int j) -> const uint32_t * { return qb + j * 2 * 32 * 32 + 32 * 32; };
 
 #pragma unroll 1
     for (int slot = 0, par = 0;;) {
@@ -779,100 +857,137 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
             // ======== quantized tile: QT tokens ========
             if (fl & TCF_NEWBLK) { // fold the block's K steps into q, and its q.Z
                 const uint8_t *ksp = st + C::Q_KS;
-                if constexpr (F16) {
-                    uint32_t sw[16];
+                // The lane's K steps (channels 32t .. 32t+31) and its q.Z / q.S
+                // MMA rows (zero row for even g, step row for odd g) as f16
+                // words. A bf16 cache takes this path too when every value
+                // of the block converts to f16 exactly (a warp vote; the same
+                // for every row, so decode and verify agree), else the
+                // scalar fold below.
+                uint32_t sw[16];
+                uint4 yv[4];
+                const uint8_t *ysrc = ksp + ((g8 & 1) ? 0 : 2 * D);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint4 v = *(const uint4 *)(ksp + 64 * t4 + 16 * i);
+                    sw[4 * i] = v.x;
+                    sw[4 * i + 1] = v.y;
+                    sw[4 * i + 2] = v.z;
+                    sw[4 * i + 3] = v.w;
+                    yv[i] = *(const uint4 *)(ysrc + 16 * (t4 + 4 * i));
+                }
+                bool fast = true;
+                if constexpr (!F16) {
+                    bool ok = true;
+#pragma unroll
+                    for (int i = 0; i < 16; i++) sw[i] = bf2_h2_exact(sw[i], ok);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const uint4 v = *(const uint4 *)(ksp + 64 * t4 + 16 * i);
-                        sw[4 * i] = v.x;
-                        sw[4 * i + 1] = v.y;
-                        sw[4 * i + 2] = v.z;
-                        sw[4 * i + 3] = v.w;
+                        yv[i].x = bf2_h2_exact(yv[i].x, ok);
+                        yv[i].y = bf2_h2_exact(yv[i].y, ok);
+                        yv[i].z = bf2_h2_exact(yv[i].z, ok);
+                        yv[i].w = bf2_h2_exact(yv[i].w, ok);
                     }
+                    fast = __all_sync(0xffffffffu, ok);
+                }
+                if (fast) {
 #pragma unroll
-                    for (int s = 0; s < 8; s++) {
-                        const int w = s >> 1, e = s & 1;
-                        // q's words 2s, 2s+1 (hi) and 16 + 2s, 16 + 2s + 1 (lo)
-                        const uint2 xh = *(const uint2 *)(qb_q + ((s >> 1) * 32 + lane) * 4 + 2 * e);
-                        const uint2 xl = *(const uint2 *)(qb_q + ((4 + (s >> 1)) * 32 + lane) * 4 + 2 * e);
-                        uint32_t sp[2];
-                        if (TGT) {
-                            sp[0] = prmt(sw[4 * w], sw[4 * w + 1], e ? 0x7632 : 0x5410);
-                            sp[1] = prmt(sw[4 * w + 2], sw[4 * w + 3], e ? 0x7632 : 0x5410);
-                        } else {
-                            sp[0] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x5410);
-                            sp[1] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x7632);
+                    for (int j = 0; j < NM; j++) {
+                        if (NM > 1 && j >= nact) continue;
+#pragma unroll
+                        for (int s = 0; s < 8; s++) {
+                            const int w = s >> 1, e = s & 1;
+                            // q's words 2s, 2s+1 (hi) and 16 + 2s, 16 + 2s + 1 (lo)
+                            const uint2 xh = *(const uint2 *)(qb_q(j) + ((s >> 1) * 32 + lane) * 4 + 2 * e);
+                            const uint2 xl = *(const uint2 *)(qb_q(j) + ((4 + (s >> 1)) * 32 + lane) * 4 + 2 * e);
+                            uint32_t sp[2];
+                            if (TGT) {
+                                sp[0] = prmt(sw[4 * w], sw[4 * w + 1], e ? 0x7632 : 0x5410);
+                                sp[1] = prmt(sw[4 * w + 2], sw[4 * w + 3], e ? 0x7632 : 0x5410);
+                            } else {
+                                sp[0] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x5410);
+                                sp[1] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x7632);
+                            }
+                            uint32_t hw[2], lw[2];
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                // hi + lo = x * S to ~22 bits: hi rounded, lo the exact
+                                // product residual plus the low part of x times S
+                                const __half2 sv = u2h(sp[r]);
+                                const __half2 xhr = u2h(r ? xh.y : xh.x), xlr = u2h(r ? xl.y : xl.x);
+                                const __half2 hi = __hmul2(xhr, sv);
+                                __half2 lo = __hfma2(xhr, sv, __hneg2(hi));
+                                lo = __hfma2(xlr, sv, lo);
+                                hw[r] = h2u(hi);
+                                lw[r] = h2u(lo);
+                            }
+                            qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
+                        }
+                        // q.Z (even rows) and q.S (odd rows) of tile j's 8 query
+                        // vectors by MMA: A = the zero / step row in the FP k map, B = q.
+                        float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const uint4 y = yv[i];
+                            const uint4 fh = *(const uint4 *)(qb_fp(j) + (i * 32 + lane) * 4);       // words 4i .. 4i+3
+                            const uint4 fl = *(const uint4 *)(qb_fp(j) + ((4 + i) * 32 + lane) * 4); // 16 + 4i ..
+                            const uint32_t a0[4] = {y.x, y.x, y.y, y.y}, a1[4] = {y.z, y.z, y.w, y.w};
+                            mma16816(cz, a0, fh.x, fh.y);
+                            mma16816(cl, a0, fl.x, fl.y);
+                            mma16816(cz, a1, fh.z, fh.w);
+                            mma16816(cl, a1, fl.z, fl.w);
                         }
 #pragma unroll
-                        for (int r = 0; r < 2; r++) {
-                            // hi + lo = x * S to ~22 bits: hi rounded, lo the exact
-                            // product residual plus the low part of x times S
-                            const __half2 sv = u2h(sp[r]);
-                            const __half2 xhr = u2h(r ? xh.y : xh.x), xlr = u2h(r ? xl.y : xl.x);
-                            const __half2 hi = __hmul2(xhr, sv);
-                            __half2 lo = __hfma2(xhr, sv, __hneg2(hi));
-                            lo = __hfma2(xlr, sv, lo);
-                            qsh[2 * s + r] = h2u(hi);
-                            qsl[2 * s + r] = h2u(lo);
-                        }
+                        for (int i = 0; i < 4; i++) cz[i] += cl[i];
+                        const float x0 = __shfl_xor_sync(0xffffffffu, cz[0], 4);
+                        const float x1 = __shfl_xor_sync(0xffffffffu, cz[1], 4);
+                        const bool odd = g8 & 1;
+                        const float z0 = odd ? x0 : cz[0], z1 = odd ? x1 : cz[1];
+                        const float s0 = odd ? cz[0] : x0, s1 = odd ? cz[1] : x1;
+                        qz[j][0] = TGT ? fmaf(-0.5f, s0, z0) : z0; // C8 = code - 8: -8 * S/16 per channel
+                        qz[j][1] = TGT ? fmaf(-0.5f, s1, z1) : z1;
                     }
-                    // q.Z (even rows) and q.S (odd rows) of all 8 query vectors
-                    // by MMA: A = the zero / step row in the FP k map, B = q.
-                    const uint8_t *ysrc = ksp + ((g8 & 1) ? 0 : 2 * D);
-                    float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint4 y = *(const uint4 *)(ysrc + 16 * (t4 + 4 * i));
-                        const uint4 fh = *(const uint4 *)(qb_fp + (i * 32 + lane) * 4);       // words 4i .. 4i+3
-                        const uint4 fl = *(const uint4 *)(qb_fp + ((4 + i) * 32 + lane) * 4); // 16 + 4i ..
-                        const uint32_t a0[4] = {y.x, y.x, y.y, y.y}, a1[4] = {y.z, y.z, y.w, y.w};
-                        mma16816(cz, a0, fh.x, fh.y);
-                        mma16816(cl, a0, fl.x, fl.y);
-                        mma16816(cz, a1, fh.z, fh.w);
-                        mma16816(cl, a1, fl.z, fl.w);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++) cz[i] += cl[i];
-                    const float x0 = __shfl_xor_sync(0xffffffffu, cz[0], 4);
-                    const float x1 = __shfl_xor_sync(0xffffffffu, cz[1], 4);
-                    const bool odd = g8 & 1;
-                    const float z0 = odd ? x0 : cz[0], z1 = odd ? x1 : cz[1];
-                    const float s0 = odd ? cz[0] : x0, s1 = odd ? cz[1] : x1;
-                    qz[0] = TGT ? fmaf(-0.5f, s0, z0) : z0; // C8 = code - 8: -8 * S/16 per channel
-                    qz[1] = TGT ? fmaf(-0.5f, s1, z1) : z1;
                 } else {
                     // bf16 steps and zeros: f32 products, split into f16 hi + lo
-                    const float *x = qf + g8 * D;
-                    float zp = 0.0f, sp = 0.0f;
 #pragma unroll
-                    for (int wi = 0; wi < 16; wi++) {
-                        float f;
-                        const int2 c = tc_qb_ch<TGT ? 1 : 0>(t4, wi, f);
-                        const float sa = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.x)).x;
-                        const float sb = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.y)).x;
-                        const float a = x[c.x] * sa * f, b = x[c.y] * sb * f;
-                        const __half2 hi = __floats2half2_rn(a, b);
-                        const float2 hf = __half22float2(hi);
-                        qsh[wi] = h2u(hi);
-                        qsl[wi] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
-                    }
+                    for (int j = 0; j < NM; j++) {
+                        if (NM > 1 && j >= nact) continue;
+                        const float *x = qf + (TC_M * j + g8) * D;
+                        float zp = 0.0f, sp = 0.0f;
+#pragma unroll
+                        for (int s = 0; s < 8; s++) {
+                            uint32_t hw[2], lw[2];
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                float f;
+                                const int2 c = tc_qb_ch<TGT ? 1 : 0>(t4, 2 * s + r, f);
+                                const float sa = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.x)).x;
+                                const float sb = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.y)).x;
+                                const float a = x[c.x] * sa * f, b = x[c.y] * sb * f;
+                                const __half2 hi = __floats2half2_rn(a, b);
+                                const float2 hf = __half22float2(hi);
+                                hw[r] = h2u(hi);
+                                lw[r] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                            }
+                            qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
+                        }
 #pragma unroll 4
-                    for (int c = 32 * t4; c < 32 * t4 + 32; c += 2) {
-                        const float2 sv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * c));
-                        const float2 zv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * (D + c)));
-                        zp = fmaf(x[c], zv.x, fmaf(x[c + 1], zv.y, zp));
-                        sp = fmaf(x[c], sv.x, fmaf(x[c + 1], sv.y, sp));
-                    }
-                    zp += __shfl_xor_sync(0xffffffffu, zp, 1);
-                    zp += __shfl_xor_sync(0xffffffffu, zp, 2);
-                    sp += __shfl_xor_sync(0xffffffffu, sp, 1);
-                    sp += __shfl_xor_sync(0xffffffffu, sp, 2);
-                    // lane (g, t) now holds query vector g's sums; take 2t and 2t+1's
+                        for (int c = 32 * t4; c < 32 * t4 + 32; c += 2) {
+                            const float2 sv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * c));
+                            const float2 zv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * (D + c)));
+                            zp = fmaf(x[c], zv.x, fmaf(x[c + 1], zv.y, zp));
+                            sp = fmaf(x[c], sv.x, fmaf(x[c + 1], sv.y, sp));
+                        }
+                        zp += __shfl_xor_sync(0xffffffffu, zp, 1);
+                        zp += __shfl_xor_sync(0xffffffffu, zp, 2);
+                        sp += __shfl_xor_sync(0xffffffffu, sp, 1);
+                        sp += __shfl_xor_sync(0xffffffffu, sp, 2);
+                        // lane (g, t) now holds query vector 8j + g's sums; take 2t and 2t+1's
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const float z = __shfl_sync(0xffffffffu, zp, 4 * (2 * t4 + h));
-                        const float s = __shfl_sync(0xffffffffu, sp, 4 * (2 * t4 + h));
-                        qz[h] = TGT ? fmaf(-0.5f, s, z) : z;
+                        for (int h = 0; h < 2; h++) {
+                            const float z = __shfl_sync(0xffffffffu, zp, 4 * (2 * t4 + h));
+                            const float s = __shfl_sync(0xffffffffu, sp, 4 * (2 * t4 + h));
+                            qz[j][h] = TGT ? fmaf(-0.5f, s, z) : z;
+                        }
                     }
                 }
             }
@@ -884,35 +999,51 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
                 to_values();
                 qdom = false;
             }
-            float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            float sc[NM][2][4];
+#pragma unroll
+            for (int j = 0; j < NM; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[j][0][i] = sc[j][1][i] = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const uint8_t *kr = st + C::F_K + 256 * tg + 16 * (t4 + 4 * i);
                 const uint4 x0 = *(const uint4 *)kr, x1 = *(const uint4 *)(kr + 256 * 8);
-                const uint4 fh = *(const uint4 *)(qb_fp + (i * 32 + lane) * 4);       // k-steps 2i, 2i+1 (hi)
-                const uint4 fl = *(const uint4 *)(qb_fp + ((4 + i) * 32 + lane) * 4); // (lo)
                 const uint32_t w0[4] = {fp_pair_h<T>(x0.x), fp_pair_h<T>(x0.y), fp_pair_h<T>(x0.z),
                                         fp_pair_h<T>(x0.w)};
                 const uint32_t w1[4] = {fp_pair_h<T>(x1.x), fp_pair_h<T>(x1.y), fp_pair_h<T>(x1.z),
                                         fp_pair_h<T>(x1.w)};
                 const uint32_t a0[4] = {w0[0], w1[0], w0[1], w1[1]}, a1[4] = {w0[2], w1[2], w0[3], w1[3]};
-                mma16816(sc[0], a0, fh.x, fh.y);
-                mma16816(sc[1], a0, fl.x, fl.y);
-                mma16816(sc[0], a1, fh.z, fh.w);
-                mma16816(sc[1], a1, fl.z, fl.w);
-            }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                sc[0][i] += sc[1][i];
-                sc[1][i] = 0.0f;
+                for (int j = 0; j < NM; j++) {
+                    if (NM > 1 && j >= nact) continue;
+                    const uint4 fh = *(const uint4 *)(qb_fp(j) + (i * 32 + lane) * 4);       // k-steps 2i, 2i+1 (hi)
+                    const uint4 fl = *(const uint4 *)(qb_fp(j) + ((4 + i) * 32 + lane) * 4); // (lo)
+                    mma16816(sc[j][0], a0, fh.x, fh.y);
+                    mma16816(sc[j][1], a0, fl.x, fl.y);
+                    mma16816(sc[j][0], a1, fh.z, fh.w);
+                    mma16816(sc[j][1], a1, fl.z, fl.w);
+                }
             }
             const float zero2[2] = {0.0f, 0.0f};
-            if (tl == 16 && rmask == 0 && tpos + 15 <= S.pos0)
-                softmax(std::integral_constant<int, 1>{}, std::false_type{}, sc, 1.0f, zero2, tpos, tl, rmask);
-            else
-                softmax(std::integral_constant<int, 1>{}, std::true_type{}, sc, 1.0f, zero2, tpos, tl, rmask);
-            const uint32_t b0 = movm_t(h2u(__floats2half2_rn(sc[0][0], sc[0][1])));
-            const uint32_t b1 = movm_t(h2u(__floats2half2_rn(sc[0][2], sc[0][3])));
+            const bool full = tl == 16 && rmask == 0 && tpos + 15 <= S.pos0;
+            uint32_t pbf[NM][2];
+#pragma unroll
+            for (int j = 0; j < NM; j++) {
+                if (NM > 1 && j >= nact) continue;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    sc[j][0][i] += sc[j][1][i];
+                    sc[j][1][i] = 0.0f;
+                }
+                if (full)
+                    softmax(std::integral_constant<int, 1>{}, std::false_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
+                            rmask);
+                else
+                    softmax(std::integral_constant<int, 1>{}, std::true_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
+                            rmask);
+                pbf[j][0] = movm_t(h2u(__floats2half2_rn(sc[j][0][0], sc[j][0][1])));
+                pbf[j][1] = movm_t(h2u(__floats2half2_rn(sc[j][0][2], sc[j][0][3])));
+            }
             // V rows of tokens ta, ta + 8, ta ^ 1, (ta ^ 1) + 8, the lane's channels 16g .. 16g+15
             uint32_t fw[4][8];
 #pragma unroll
@@ -942,7 +1073,11 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
                     av[4 + q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x7632);
                 }
 #pragma unroll
-            for (int b = 0; b < 8; b++) mma16816(acc[b], av[b], b0, b1);
+            for (int j = 0; j < NM; j++) {
+                if (NM > 1 && j >= nact) continue;
+#pragma unroll
+                for (int b = 0; b < 8; b++) mma16816(acc[j][b], av[b], pbf[j][0], pbf[j][1]);
+            }
         }
 
         // The slot is consumed: refill it with the tile NSW ahead.
@@ -959,31 +1094,38 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS>::NT, CPS) pa_tc_kernel(co
 
     // ---- reduce the lanes' sums, then the CTA's warps merge ----
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-            lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], o);
-            zsum[h] += __shfl_xor_sync(0xffffffffu, zsum[h], o);
-        }
-    }
-    __syncthreads(); // every warp is done with its ring: the merge area aliases it
-    float *mo = (float *)ring; // [NW][8][D], columns placed by mo_col<true>
-    float *mlp = mo + NW * TC_M * D;
-#pragma unroll
-    for (int b = 0; b < 8; b++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = i & 1, m = 2 * t4 + h, c = tc_out_ch(g8, b, i >> 1);
-            mo[(warp * TC_M + m) * D + mo_col<true>(m, c)] = acc[b][i] + zsum[h];
-        }
-    if (g8 == 0) {
+    for (int j = 0; j < NM; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            mlp[2 * (warp * TC_M + 2 * t4 + h)] = mrun[h];
-            mlp[2 * (warp * TC_M + 2 * t4 + h) + 1] = lsum[h];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                lsum[j][h] += __shfl_xor_sync(0xffffffffu, lsum[j][h], o);
+                zsum[j][h] += __shfl_xor_sync(0xffffffffu, zsum[j][h], o);
+            }
         }
+    __syncthreads(); // every warp is done with its ring: the merge area aliases it
+    float *mo = (float *)ring; // [NW][MV][D], columns placed by mo_col<true>
+    float *mlp = mo + NW * MV * D;
+#pragma unroll
+    for (int j = 0; j < NM; j++)
+#pragma unroll
+        for (int b = 0; b < 8; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i & 1, m = TC_M * j + 2 * t4 + h, c = tc_out_ch(g8, b, i >> 1);
+                mo[(warp * MV + m) * D + mo_col<true>(m, c)] = acc[j][b][i] + zsum[j][h];
+            }
+    if (g8 == 0) {
+#pragma unroll
+        for (int j = 0; j < NM; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = TC_M * j + 2 * t4 + h;
+                mlp[2 * (warp * MV + m)] = mrun[j][h];
+                mlp[2 * (warp * MV + m) + 1] = lsum[j][h];
+            }
     }
     __syncthreads();
-    dec_cta_merge<NW, TC_M, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
+    dec_cta_merge<NW, MV, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
     TC_TRACE(3);
 }

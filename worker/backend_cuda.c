@@ -22,7 +22,9 @@
 //     quantized kernels see the same shape whatever the batch;
 //   - attention uses the row-invariant split of nb_pa_attention
 //     (fixed_chunk_groups), each sequence's rows cut into entries of at most
-//     8/(n_heads/n_kv_heads) rows. Draft passes take the batch-tuned split
+//     8/(n_heads/n_kv_heads) rows (target-view passes: up to 16/(ratio),
+//     nb_pa_step_entry_vectors, so a verify entry of 5 rows at GQA 4 reads
+//     the cache twice, not three times). Draft passes take the batch-tuned split
 //     (the row-invariant one takes 7-32% longer on the draft view at
 //     >= 32k, docs/benchmarks.md) unless cfg.draft_batch_invariant: a draft only proposes tokens, the
 //     verify pass decides them (greedy output is the target's either way),
@@ -183,6 +185,7 @@ typedef struct cuda_backend {
     size_t ri_ws_bytes;
     int step_ok;       // step mode available (decode attention kernel usable)
     int entry_rows;    // rows per attention entry in step mode: 8 / GQA ratio
+    int entry_rows_tgt; // the same for target-view passes (nb_pa_step_entry_vectors: up to 16 / ratio)
     int step_min_tokens; // the step split's smallest chunk (nb_pa_step_split)
     // per-pass metadata: pinned host staging + device copy
     size_t meta_bytes;
@@ -1040,7 +1043,31 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     // drafts and verifies of more than the bonus row.
     const bool hot = nb_fwd_sample_needs_probs(b);
     const bool step = be->step_ok && max_rows <= NB_CUDA_STEP_ROWS;
-    const int per = step ? be->entry_rows : max_rows;
+    const nb_fwd_mode mode = b->mode;
+    const nb_kv_view kview = mode == NB_FWD_DRAFT ? be->cfg.draft_view : NB_KV_VIEW_TARGET;
+    const nb_pa_mode pa_mode = !quant ? NB_PA_FP_ONLY : kview == NB_KV_VIEW_DRAFT ? NB_PA_DRAFT : NB_PA_TARGET;
+    int per = !step ? max_rows : be->entry_rows;
+    if (step && pa_mode == NB_PA_TARGET && be->entry_rows_tgt > be->entry_rows) {
+        // Wide entries when the narrow ones would fill more than a wave
+        // (nb_pa_step_entry_vectors); a row's bits are the same either way.
+        // Live CTAs: the grid's chunks past an entry's end return at once.
+        int32_t cg, nall, grid_tokens;
+        nb_pa_step_split(be->cfg.max_seq_len, G, ATTN_MAX_CHUNKS, be->step_min_tokens, 1, &cg, &nall,
+                         &grid_tokens);
+        long narrow = 0;
+        for (int s = 0; s < b->n_seqs; s++) {
+            const nb_fwd_seq *fs = &b->seqs[s];
+            const int er = be->entry_rows;
+            for (int i0 = 0; i0 < fs->n_rows; i0 += er) {
+                const int end = fs->pos0 + (fs->n_rows - i0 < er ? fs->n_rows : i0 + er);
+                narrow += (end + cg * G - 1) / (cg * G);
+            }
+        }
+        narrow *= be->lay.n_kv_heads;
+        const int v = nb_pa_step_entry_vectors(&be->lay, NB_PA_TARGET, mc->n_heads, narrow) /
+                      (mc->n_heads / mc->n_kv_heads);
+        if (v > per) per = v < be->entry_rows_tgt ? v : be->entry_rows_tgt;
+    }
 
     // Metadata: rows, KV slots, attention entries, block tables.
     int n_ent = 0, n_qt = 0, n_ft = 0, max_ent_rows = 1, max_tokens = 1;
@@ -1113,13 +1140,11 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     const int32_t *d_kvb = (const int32_t *)(md + mo.kvb), *d_kvs = (const int32_t *)(md + mo.kvs);
     const int32_t *d_lrow = (const int32_t *)(md + mo.lrow);
 
-    const nb_fwd_mode mode = b->mode;
-    const nb_kv_view kview = mode == NB_FWD_DRAFT ? be->cfg.draft_view : NB_KV_VIEW_TARGET;
     nb_pa_args pa;
     memset(&pa, 0, sizeof(pa));
     pa.lay = be->lay;
     pa.pools = be->pools;
-    pa.mode = !quant ? NB_PA_FP_ONLY : kview == NB_KV_VIEW_DRAFT ? NB_PA_DRAFT : NB_PA_TARGET;
+    pa.mode = pa_mode;
     pa.n_q_heads = mc->n_heads;
     pa.softmax_scale = 1.0f / sqrtf((float)D);
     pa.n_seqs = n_ent;
@@ -1346,6 +1371,14 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     const nb_dtype kdt = cfg->layout.dtype;
     be->step_ok = (D == 64 || D == 128) && kdt != NB_DTYPE_F32 && G % 32 == 0 && ratio <= 8;
     be->entry_rows = be->step_ok ? 8 / ratio : 0;
+    // Target-view entries may hold more rows (one read of the cache per
+    // verify entry, nb_pa_step_entry_vectors); the same environment must
+    // hold for the backend's life (NB_PA_TC, NB_PA_TC_CPS, NB_PA_TC_WIDE).
+    be->entry_rows_tgt = be->entry_rows;
+    if (be->step_ok && cfg->bm->quantize) {
+        const int32_t v = nb_pa_step_entry_vectors(&cfg->layout, NB_PA_TARGET, mc->n_heads, 0);
+        if (v / ratio > be->entry_rows) be->entry_rows_tgt = v / ratio;
+    }
     int groups = (cfg->max_seq_len + G - 1) / G, chunk_groups, n_chunks, grid_unused;
     {
         const char *e = getenv("NB_PA_STEP_MIN_TOKENS"); // tuning: the step split's smallest chunk
@@ -1356,10 +1389,14 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     size_t ws = 0;
     if (be->step_ok) {
         int max_seqs = cfg->bm->max_seqs;
-        int ent_per_seq = (NB_CUDA_STEP_ROWS + be->entry_rows - 1) / be->entry_rows;
-        long n_ent = (long)max_seqs * ent_per_seq;
-        if (n_ent > cfg->max_rows) n_ent = cfg->max_rows;
-        ws = nb_pa_workspace_size((int32_t)n_ent, be->entry_rows, mc->n_heads, D, n_chunks);
+        for (int k = 0; k < 2; k++) { // the larger of the two entry shapes
+            const int er = k ? be->entry_rows_tgt : be->entry_rows;
+            int ent_per_seq = (NB_CUDA_STEP_ROWS + er - 1) / er;
+            long n_ent = (long)max_seqs * ent_per_seq;
+            if (n_ent > cfg->max_rows) n_ent = cfg->max_rows;
+            const size_t w = nb_pa_workspace_size((int32_t)n_ent, er, mc->n_heads, D, n_chunks);
+            if (w > ws) ws = w;
+        }
     }
     size_t ws_prefill = nb_pa_workspace_size(1, cfg->max_rows, mc->n_heads, D, 8);
     if (ws_prefill > ws) ws = ws_prefill;

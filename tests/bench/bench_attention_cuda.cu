@@ -16,7 +16,7 @@
 //
 // usage: bench_attention_cuda [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I]
 //                             [--flush read|write|none] [--split batch|step]
-//                             [--step-chunks N]
+//                             [--step-chunks N] [--rows R] [--dtype f16|bf16]
 //   --only / --mode run one configuration / one kernel row (0..8, the order
 //   of mode_names below), e.g. to profile it (tests/gpu/profile).
 //   --flush: how L2 is emptied before each timed call. read (default): a
@@ -37,6 +37,14 @@
 //   --step-chunks N (2..128, default 64, the engine's ATTN_MAX_CHUNKS): the
 //   max_chunks the step split is derived from (chunks of ceil(groups / N)
 //   groups), to measure other fixed chunk sizes.
+//   --rows R (1..9, default 1; R > 1 needs --split step): a verify step
+//   instead of a decode step: each sequence's last R positions are query
+//   rows, cut into entries as the engine cuts them (nb_pa_step_entry_vectors
+//   / GQA ratio rows each: wide entries when narrow ones would fill more
+//   than a wave; NB_PA_TC_WIDE=0 / 1 force narrow / wide); the draft-view rows
+//   are skipped (drafts have one row). MB moved counts the cache once.
+//   --dtype: the cache's element type (default f16; the fp16 rows then
+//   read bf16 FP blocks, which the tensor-core kernel leaves to the scalar one).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -133,8 +141,8 @@ static float median(std::vector<float> v) {
 }
 
 int main(int argc, char **argv) {
-    int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1, step_max_chunks = 64;
-    const char *only_model = NULL, *flush_mode = "read", *split = "batch";
+    int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1, step_max_chunks = 64, n_rows = 1;
+    const char *only_model = NULL, *flush_mode = "read", *split = "batch", *dtype = "f16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc) flush_mode = argv[++i];
@@ -142,6 +150,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--step-chunks") && i + 1 < argc) step_max_chunks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) only_mode = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) n_rows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
             only_model = argv[++i];
             only_b = atoi(argv[++i]);
@@ -149,7 +159,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I] [--flush read|write|none] "
-                    "[--split batch|step] [--step-chunks N]\n",
+                    "[--split batch|step] [--step-chunks N] [--rows R] [--dtype f16|bf16]\n",
                     argv[0]);
             return 2;
         }
@@ -161,10 +171,14 @@ int main(int argc, char **argv) {
                         (only_b != 1 && only_b != 8) || !ctx_ok)) ||
         only_mode < -1 || only_mode > 8 || iters < 1 ||
         (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none")) ||
-        (strcmp(split, "batch") && strcmp(split, "step")) || step_max_chunks < 2 || step_max_chunks > 128) {
+        (strcmp(split, "batch") && strcmp(split, "step")) || step_max_chunks < 2 || step_max_chunks > 128 ||
+        n_rows < 1 || n_rows > 9 || (strcmp(dtype, "f16") && strcmp(dtype, "bf16")) ||
+        (n_rows > 1 && (strcmp(split, "step") || only_mode == 2 || only_mode == 4 || only_mode == 6))) {
         fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
                         "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none; "
-                        "--split batch|step; --step-chunks 2..128\n", argv[0]);
+                        "--split batch|step; --step-chunks 2..128; --rows 1..9 (> 1 with --split step, not a draft --mode); "
+                        "--dtype f16|bf16\n",
+                argv[0]);
         return 2;
     }
     int n_dev = 0;
@@ -235,7 +249,9 @@ int main(int argc, char **argv) {
     const int max_ctx = ctxs_all[n_ctx - 1];
     const int max_kvh = 32, max_b = 8;
     const int blocks_per_seq = max_ctx / G + 2;
-    nb_kv_layout lay = {1, max_kvh, D, G, NB_DTYPE_F16, max_b * blocks_per_seq, max_b * blocks_per_seq};
+    const bool bf16 = !strcmp(dtype, "bf16");
+    nb_kv_layout lay = {1, max_kvh, D, G, bf16 ? NB_DTYPE_BF16 : NB_DTYPE_F16, max_b * blocks_per_seq,
+                        max_b * blocks_per_seq};
     // NOTE: the layout's n_kv_heads fixes the pool stride; the 8-kv-head model
     // uses its own layout over the same bytes (fewer heads per block).
     nb_kv_pools pools;
@@ -250,21 +266,27 @@ int main(int argc, char **argv) {
     fill_bytes<<<4096, 256>>>((uint8_t *)pools.lower, pb, 2u);
     // scales in [0.01, 0.1) and zeros in [-1, 0): the record mixes both, so
     // fill all with small positive values, good enough for timing.
-    fill_half<<<4096, 256>>>((__half *)pools.scales, sb / 2, 0.01f, 0.1f, 3u);
-    fill_half<<<4096, 256>>>((__half *)pools.fp, fb / 2, -2.0f, 2.0f, 4u);
+    if (bf16) {
+        fill_bf16<<<4096, 256>>>((__nv_bfloat16 *)pools.scales, sb / 2, 0.01f, 0.1f, 3u);
+        fill_bf16<<<4096, 256>>>((__nv_bfloat16 *)pools.fp, fb / 2, -2.0f, 2.0f, 4u);
+    } else {
+        fill_half<<<4096, 256>>>((__half *)pools.scales, sb / 2, 0.01f, 0.1f, 3u);
+        fill_half<<<4096, 256>>>((__half *)pools.fp, fb / 2, -2.0f, 2.0f, 4u);
+    }
     CUDA_OK(cudaGetLastError());
 
     float *dq, *dout;
-    CUDA_OK(cudaMalloc(&dq, sizeof(float) * max_b * Hq * D));
-    CUDA_OK(cudaMalloc(&dout, sizeof(float) * max_b * Hq * D));
-    fill_float<<<64, 256>>>(dq, (size_t)max_b * Hq * D, 5u);
+    CUDA_OK(cudaMalloc(&dq, sizeof(float) * max_b * n_rows * Hq * D));
+    CUDA_OK(cudaMalloc(&dout, sizeof(float) * max_b * n_rows * Hq * D));
+    fill_float<<<64, 256>>>(dq, (size_t)max_b * n_rows * Hq * D, 5u);
     const int max_chunks = 128;
-    size_t wsb = nb_pa_workspace_size(max_b, 1, Hq, D, max_chunks);
+    // at most one entry per row, of at most n_rows rows
+    size_t wsb = nb_pa_workspace_size(max_b * n_rows, n_rows, Hq, D, max_chunks);
     void *ws;
     CUDA_OK(cudaMalloc(&ws, wsb));
     nb_pa_seq *dseqs;
     int32_t *dqt, *dft;
-    CUDA_OK(cudaMalloc(&dseqs, sizeof(nb_pa_seq) * max_b));
+    CUDA_OK(cudaMalloc(&dseqs, sizeof(nb_pa_seq) * max_b * n_rows));
     CUDA_OK(cudaMalloc(&dqt, sizeof(int32_t) * lay.n_qblocks));
     CUDA_OK(cudaMalloc(&dft, sizeof(int32_t) * lay.n_fpblocks));
 
@@ -296,9 +318,12 @@ int main(int argc, char **argv) {
     int32_t step_groups, step_n, step_unused;
     nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, 1, &step_groups, &step_n,
                      &step_unused);
-    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; L2 flush: %s; split: %s", peak, flush_mode,
-           split);
+    printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; cache %s; L2 flush: %s; split: %s", peak, dtype,
+           flush_mode, split);
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
+    if (n_rows > 1)
+        printf("; verify steps of %d rows per sequence%s", n_rows,
+               getenv("NB_PA_TC_WIDE") ? " (NB_PA_TC_WIDE set)" : "");
     printf("\nevent-timed floor: one empty kernel %.2f us, two in a row %.2f us\n\n", floor_us[0], floor_us[1]);
     printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
@@ -310,6 +335,7 @@ int main(int argc, char **argv) {
                                        only_ctx != ctxs_all[ci]))
                         continue;
                     if (only_mode >= 0 && md != only_mode) continue;
+                    if (n_rows > 1 && modes[md] == NB_PA_DRAFT) continue; // drafts have one row
                     if (tc_env[md]) setenv("NB_PA_TC", tc_env[md], 1);
                     else unsetenv("NB_PA_TC");
                     const int B = batches[bi], ctx = ctxs_all[ci], hkv = models[mi].hkv;
@@ -318,29 +344,48 @@ int main(int argc, char **argv) {
                     // same bytes, viewed with fewer heads per block: more blocks fit
                     l.n_qblocks = (int)((long)lay.n_qblocks * max_kvh / hkv);
                     l.n_fpblocks = (int)((long)lay.n_fpblocks * max_kvh / hkv);
-                    std::vector<nb_pa_seq> seqs(B);
+                    std::vector<nb_pa_seq> seqs;
                     std::vector<int32_t> qt, ft;
                     double bytes = 0;
+                    // rows per entry as the engine cuts a step pass
+                    int per = n_rows;
+                    if (n_rows > 1) { // (step split) narrow entries x kv heads x grid chunks
+                        const int ratio = Hq / hkv, narrow_per = 8 / ratio > 1 ? 8 / ratio : 1;
+                        int32_t cg, nall, grid_tokens;
+                        nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, ctx, &cg, &nall,
+                                         &grid_tokens);
+                        // live CTAs (chunks past the context return at once)
+                        const long narrow = (long)B * ((n_rows + narrow_per - 1) / narrow_per) * hkv *
+                                            ((ctx + cg * G - 1) / (cg * G));
+                        per = nb_pa_step_entry_vectors(&l, modes[md], Hq, narrow) / ratio;
+                        if (per < 1) per = 1;
+                    }
+                    int max_ent_rows = 1;
                     for (int s = 0; s < B; s++) {
-                        nb_pa_seq &q = seqs[s];
-                        const int T = ctx, C = T - 1;
+                        nb_pa_seq q;
+                        const int T = ctx, C = T - n_rows;
                         q.n_qblocks = modes[md] == NB_PA_FP_ONLY ? 0 : (C >= 2 * G ? C / G - 1 : 0);
                         q.has_prequant = 0;
                         q.qblock_off = (int)qt.size();
                         q.fpblock_off = (int)ft.size();
                         q.n_tokens = T;
-                        q.pos0 = T - 1;
-                        q.n_rows = 1;
-                        q.row_off = s;
+                        for (int r0 = 0; r0 < n_rows; r0 += per) {
+                            q.pos0 = T - n_rows + r0;
+                            q.n_rows = n_rows - r0 < per ? n_rows - r0 : per;
+                            q.row_off = s * n_rows + r0;
+                            seqs.push_back(q);
+                            max_ent_rows = q.n_rows > max_ent_rows ? q.n_rows : max_ent_rows;
+                        }
                         int nfb = (T - q.n_qblocks * G + G - 1) / G;
                         for (int k = 0; k < q.n_qblocks; k++) qt.push_back(qperm[s * blocks_per_seq + k]);
                         for (int k = 0; k < nfb; k++) ft.push_back(fperm[s * blocks_per_seq + k]);
                         const double planes = modes[md] == NB_PA_TARGET ? 2 : 1;
                         const double qbytes = planes * 2 * G * (D / 2) + (2.0 * D + 2.0 * G) * 2;
                         bytes += (double)hkv * (q.n_qblocks * qbytes + (double)(T - q.n_qblocks * G) * 2 * D * 2);
-                        bytes += 2.0 * Hq * D * 4; // q in, out
+                        bytes += 2.0 * n_rows * Hq * D * 4; // q in, out
                     }
-                    CUDA_OK(cudaMemcpy(dseqs, seqs.data(), sizeof(nb_pa_seq) * B, cudaMemcpyHostToDevice));
+                    const int n_ent = (int)seqs.size();
+                    CUDA_OK(cudaMemcpy(dseqs, seqs.data(), sizeof(nb_pa_seq) * n_ent, cudaMemcpyHostToDevice));
                     if (!qt.empty())
                         CUDA_OK(cudaMemcpy(dqt, qt.data(), 4 * qt.size(), cudaMemcpyHostToDevice));
                     CUDA_OK(cudaMemcpy(dft, ft.data(), 4 * ft.size(), cudaMemcpyHostToDevice));
@@ -353,11 +398,11 @@ int main(int argc, char **argv) {
                     a.mode = modes[md];
                     a.n_q_heads = Hq;
                     a.softmax_scale = 1.0f / sqrtf((float)D);
-                    a.n_seqs = B;
+                    a.n_seqs = n_ent;
                     a.seqs = dseqs;
                     a.qblock_ids = dqt;
                     a.fpblock_ids = dft;
-                    a.max_rows = 1;
+                    a.max_rows = max_ent_rows;
                     a.max_tokens = ctx;
                     a.q = dq;
                     a.out = dout;
@@ -405,8 +450,11 @@ int main(int argc, char **argv) {
                     CUDA_OK(cudaGetLastError());
                     const float ms = median(t);
                     const double gbs = bytes / (ms * 1e-3) / 1e9;
-                    printf("| %s | %d | %d | %s | %.4f | %.1f | %.0f | %.1f |\n", models[mi].name, B, ctx,
-                           mode_names[md], ms, bytes / 1e6, gbs, 100.0 * gbs / peak);
+                    char kname[96];
+                    if (n_rows > 1) snprintf(kname, sizeof kname, "%s, %d entries/seq", mode_names[md], n_ent / B);
+                    else snprintf(kname, sizeof kname, "%s", mode_names[md]);
+                    printf("| %s | %d | %d | %s | %.4f | %.1f | %.0f | %.1f |\n", models[mi].name, B, ctx, kname, ms,
+                           bytes / 1e6, gbs, 100.0 * gbs / peak);
 #ifdef NB_PA_TRACE
                     if (tracing) trace_report();
 #endif

@@ -4,6 +4,7 @@
 #ifndef NB_BENCH_FILL_CUH
 #define NB_BENCH_FILL_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +25,11 @@ __global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
 __global__ void fill_half(__half *p, size_t n, float lo, float hi, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = __float2half(lo + (hi - lo) * (float)(bench_hash(i, seed) >> 8) * (1.0f / 16777216.0f));
+}
+// Values in [lo, hi) as bf16.
+__global__ void fill_bf16(__nv_bfloat16 *p, size_t n, float lo, float hi, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16(lo + (hi - lo) * (float)(bench_hash(i, seed) >> 8) * (1.0f / 16777216.0f));
 }
 // Values in [-1, 1) as f32.
 __global__ void fill_float(float *p, size_t n, uint32_t seed) {
