@@ -1352,6 +1352,7 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
 
 #include "paged_attention_tc.cuh"
 #include "paged_attention_prefill.cuh"
+#include "paged_attention_prefill_wg.cuh"
 
 // The scalar decode kernel on (chunk, kv head, sequence).
 template <int D, typename T, int MODE, int M> struct dec_launcher {
@@ -1528,11 +1529,33 @@ template <typename T, int MODE> nb_status pf_launch(pa_kp &kp, const nb_pa_args 
     }
     return NB_OK;
 }
+// The warpgroup prefill kernel: one CTA of two warpgroups per SM, 128
+// query vectors each; split-K as pf_launch's, for one wave.
+template <typename T, int MODE> nb_status pw_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    void (*kern)(const pa_kp) = pa_prefill_wg_kernel<T, MODE>;
+    static kern_dev kd;
+    if (kern_prepare(kd, kern, PW_SMEM) != NB_OK) return NB_ERR_BACKEND;
+    const long M_max = (long)a->max_rows * kp.g;
+    kp.pl.n_mtiles = (int)((M_max + PW_MT - 1) / PW_MT);
+    if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
+    const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms);
+    const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
+    if (st != NB_OK) return st;
+    dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
+    kern<<<grid, PW_NT, PW_SMEM, stream>>>(kp);
+    if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+    if (kp.n_chunks > 1) {
+        if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
+    }
+    return NB_OK;
+}
 // Calls of more than 8 query vectors per kv head (prefill chunks; verify
-// entries outside step mode) at D = 128 on f16/bf16 caches take the
-// tensor-core prefill kernel in the target and FP-only views;
-// NB_PA_PF=0 in the environment forces the scalar chunk kernel (tests and
-// benchmarks compare the two; read per call).
+// entries outside step mode) at D = 128 on f16/bf16 caches take a
+// tensor-core prefill kernel in the target and FP-only views: the
+// warpgroup one (wgmma) where G % 64 == 0, else the mma.sync one.
+// NB_PA_PF in the environment (read per call; tests and benchmarks compare
+// them): 0 forces the scalar chunk kernel, 1 the mma.sync prefill kernel.
 bool use_pf(const nb_pa_args *a, bool aligned) {
     const char *e = getenv("NB_PA_PF");
     if (e && e[0] == '0') return false;
@@ -1784,6 +1807,14 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     }
     if (use_pf(a, aligned)) {
         const bool h = a->lay.dtype == NB_DTYPE_F16;
+        const char *e = getenv("NB_PA_PF");
+        if (G % PW_TT == 0 && !(e && e[0] == '1')) {
+            if (a->mode == NB_PA_TARGET)
+                return h ? pw_launch<__half, NB_PA_TARGET>(kp, a, stream)
+                         : pw_launch<__nv_bfloat16, NB_PA_TARGET>(kp, a, stream);
+            return h ? pw_launch<__half, NB_PA_FP_ONLY>(kp, a, stream)
+                     : pw_launch<__nv_bfloat16, NB_PA_FP_ONLY>(kp, a, stream);
+        }
         if (a->mode == NB_PA_TARGET)
             return h ? pf_launch<__half, NB_PA_TARGET>(kp, a, stream)
                      : pf_launch<__nv_bfloat16, NB_PA_TARGET>(kp, a, stream);

@@ -493,12 +493,14 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
                 work);
         row += cs[i].rows;
     }
-    // paged_attention_cuda.cu's use_pf: the tensor-core prefill kernel takes
+    // paged_attention_cuda.cu's use_pf: a tensor-core prefill kernel takes
     // calls of > 8 query vectors per kv head at D = 128, G % 32 == 0,
-    // f16/bf16 caches, target and FP-only views (NB_PA_PF=0: the scalar one)
+    // f16/bf16 caches, target and FP-only views: the warpgroup one where
+    // G % 64 == 0 unless NB_PA_PF=1 (the mma.sync one); NB_PA_PF=0: the scalar one
     const char *pf_env = getenv("NB_PA_PF");
     const bool pf_path = !(pf_env && pf_env[0] == '0') && D == 128 && G % 32 == 0 &&
                          (dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16) && mode != NB_PA_DRAFT;
+    const bool pf_wg = pf_path && G % 64 == 0 && !(pf_env && pf_env[0] == '1');
     long max_mv = 0;
     for (int i = 0; i < n; i++) max_mv = cs[i].rows * ratio > max_mv ? cs[i].rows * ratio : max_mv;
     if (pf_path && max_mv > 8) g_atol = TC_ATOL;
@@ -522,7 +524,8 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s prequant=%d chunks<=%-2d: %d seqs%s, "
            "max |err| %.2e%s\n",
            bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, n_pq, max_chunks, n,
-           pf ? (pf_path ? " (prefill, tensor cores)" : " (prefill, scalar)") : "", worst,
+           pf ? (pf_wg ? " (prefill, warpgroup MMA)" : pf_path ? " (prefill, mma.sync)" : " (prefill, scalar)") : "",
+           worst,
            st != NB_OK ? " (launch failed)" : "");
     if (bad) g_fail++;
 
@@ -750,12 +753,20 @@ static void test_real_model(void) {
                             ref + (size_t)row * Hq * D, 1.0f / sqrtf((float)D), work);
                     row += cs[i].rows;
                 }
-                for (int kk = 0; kk < 2; kk++) { // both decode kernels / both prefill kernels
-                    setenv(ro == 2 ? "NB_PA_PF" : "NB_PA_TC", kk ? "0" : "1", 1);
+                // both decode kernels (tensor cores, scalar) / the three
+                // prefill kernels (warpgroup, mma.sync, scalar)
+                for (int kk = 0; kk < (ro == 2 ? 3 : 2); kk++) {
+                    if (ro < 2)
+                        setenv("NB_PA_TC", kk ? "0" : "1", 1);
+                    else if (kk == 0)
+                        unsetenv("NB_PA_PF");
+                    else
+                        setenv("NB_PA_PF", kk == 1 ? "1" : "0", 1);
                     if (run_cuda(&p, layer, (nb_pa_mode)mode, cs, n_seq, Hq, q, out, total_rows, 16,
                                  1.0f / sqrtf((float)D)) != NB_OK)
                         bad++;
-                    g_atol = kk == 0 && D == 128 ? TC_ATOL : ATOL; // tensor cores: f16 weights
+                    const bool tc = ro == 2 ? kk < 2 : kk == 0;
+                    g_atol = tc && D == 128 ? TC_ATOL : ATOL; // tensor cores: f16 weights
                     bad += cmp_vals(ref, out, qn, &worst);
                     g_atol = ATOL;
                     checks++;
@@ -846,17 +857,18 @@ int main(void) {
         unsetenv("NB_PA_TC");
     }
 
-    // Prefill-shaped calls (up to 333 rows): the tensor-core prefill kernel
-    // (D = 128 target and FP-only views, f16/bf16) and, forced, the scalar
-    // chunk kernel it replaces; split-K (chunks <= 64, 3) and none (1);
-    // group sizes 64, 128, 96 and 32; GQA 1, 2, 4, 8.
-    for (int f = 0; f < 2; f++) {
-        if (f) setenv("NB_PA_PF", "0", 1);
+    // Prefill-shaped calls (up to 333 rows): the tensor-core prefill kernels
+    // (D = 128 target and FP-only views, f16/bf16: warpgroup MMA where G %
+    // 64 == 0, and, forced, mma.sync) and, forced, the scalar chunk kernel;
+    // split-K (chunks <= 64, 3) and none (1); group sizes 64, 128, 96 and 32;
+    // GQA 1, 2, 4, 8.
+    for (int f = 0; f < 3; f++) {
+        if (f) setenv("NB_PA_PF", f == 1 ? "1" : "0", 1);
         for (int a = 0; a < 2; a++)
             for (int md = 1; md < 3; md++) {
                 test_attention(dts[a], 128, 64, 4, modes[md], 1, 64, 0, PF_CASES);
                 test_attention(dts[a], 128, 128, 1, modes[md], 1, 3, 0, PF_CASES);
-                if (!f) {
+                if (f < 2) {
                     test_attention(dts[a], 128, 96, 2, modes[md], 1, 1, 0, PF_CASES);
                     test_attention(dts[a], 128, 32, 8, modes[md], a, 64, 0, PF_CASES);
                 }
