@@ -1529,12 +1529,12 @@ template <typename T, int MODE> nb_status pf_launch(pa_kp &kp, const nb_pa_args 
     }
     return NB_OK;
 }
-// The warpgroup prefill kernel: one CTA of two warpgroups per SM, 128
-// query vectors each; split-K as pf_launch's, for one wave.
+// The warpgroup prefill kernel: one CTA per SM (a producer and two
+// consumer warpgroups), 128 query vectors; split-K as pf_launch's, for one wave.
 template <typename T, int MODE> nb_status pw_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     void (*kern)(const pa_kp) = pa_prefill_wg_kernel<T, MODE>;
     static kern_dev kd;
-    if (kern_prepare(kd, kern, PW_SMEM) != NB_OK) return NB_ERR_BACKEND;
+    if (kern_prepare(kd, kern, PS_SMEM) != NB_OK) return NB_ERR_BACKEND;
     const long M_max = (long)a->max_rows * kp.g;
     kp.pl.n_mtiles = (int)((M_max + PW_MT - 1) / PW_MT);
     if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
@@ -1543,7 +1543,7 @@ template <typename T, int MODE> nb_status pw_launch(pa_kp &kp, const nb_pa_args 
     const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
     if (st != NB_OK) return st;
     dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
-    kern<<<grid, PW_NT, PW_SMEM, stream>>>(kp);
+    kern<<<grid, PS_NT, PS_SMEM, stream>>>(kp);
     if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
     if (kp.n_chunks > 1) {
         if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;

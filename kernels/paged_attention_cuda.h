@@ -27,10 +27,11 @@
 // vectors (verify rows at GQA >= 2; nb_pa_step_entry_vectors);
 // NB_PA_TC=0 / 1 in the environment forces the scalar /
 // tensor-core kernel where both apply. More query vectors (prefill chunks)
-// at D = 128, G % 32 == 0, f16/bf16, target or FP-only view: the
-// tensor-core prefill kernel (paged_attention_prefill.cuh: FlashAttention-2
-// tiles on mma.sync, the same code-domain folds; NB_PA_PF=0 forces the
-// scalar one). Everything else (the draft view with many rows, other D / G,
+// at D = 128, G % 32 == 0, f16/bf16, target or FP-only view: a
+// tensor-core prefill kernel, the same code-domain folds: where G % 64 == 0
+// warpgroup MMAs with a producer warpgroup (paged_attention_prefill_wg.cuh),
+// else FlashAttention-2 tiles on mma.sync (paged_attention_prefill.cuh;
+// NB_PA_PF=1 forces it, NB_PA_PF=0 the scalar one). Everything else (the draft view with many rows, other D / G,
 // f32): the cp.async tile kernel.
 //
 // Which positions a query row reads quantized (nb_bm_view_qblocks_for_row,

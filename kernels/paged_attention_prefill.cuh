@@ -100,53 +100,68 @@ struct pf_tile {
     int fp, block, t0, pos, tl, rmask, unit;
 };
 
-template <typename T, int MODE>
-__global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
-    constexpr bool QUANT = MODE == NB_PA_TARGET;
-    constexpr float K20 = 1048576.0f; // 2^24 (subnormal codes) / 16 (the target step S/16)
-    extern __shared__ __align__(128) uint8_t smem[];
-    const nb_kv_layout lay = P.lay;
-    const int G = lay.group_size, ntq = G / PF_TT;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
-    const int chunk = blockIdx.x, kvh = blockIdx.y / P.pl.n_mtiles, mt = blockIdx.y % P.pl.n_mtiles;
-    const int seq = blockIdx.z, gq = P.g;
-    const nb_pa_seq S = P.seqs[seq];
-    const int m0 = mt * PF_MT;
-    const int M = min(PF_MT, S.n_rows * gq - m0); // query vectors of this CTA
-    if (M <= 0) return;
-    const int nq = QUANT ? S.n_qblocks : 0, pq = QUANT ? (S.has_prequant != 0) : 0;
-    const int seq_end = S.pos0 + S.n_rows;
-    const int pos_end = S.pos0 + (m0 + M - 1) / gq + 1; // this CTA's rows read positions < pos_end
-    const int fp_span = seq_end - nq * G;
-    const int nU = nq + pq + (fp_span > 0 ? cdiv(fp_span, G) : 0);
-    const int u0 = chunk * P.upc, u1 = min(nU, u0 + P.upc);
-    const int uq = max(min(nq + pq - u0, u1 - u0), 0), uf = max(u1 - u0 - uq, 0);
-    const int jf0 = u0 + uq - nq - pq; // FP table index of the chunk's first FP unit
-    int nft = 0;
-    if (uf > 0) {
-        const int span = pos_end - (nq + jf0) * G;
-        nft = span > 0 ? min(uf * ntq, cdiv(span, PF_TT)) : 0;
-    }
-    const int n_tiles = uq * ntq + nft;
+// One prefill CTA's work (both prefill kernels): sequence blockIdx.z, kv
+// head and m-tile of MT query vectors from blockIdx.y, chunk blockIdx.x of
+// units (see paged_attention_cuda.cu), cut into tiles of TT tokens (G % TT
+// == 0): the chunk's quantized tiles, then its FP tiles up to this CTA's
+// last row.
+template <int TT, int MT> struct pf_cta {
+    nb_pa_seq S;
+    int G, gq, chunk, kvh, seq, m0, M, nq, pq, seq_end, u0, uq, jf0, n_tiles;
 
-    auto pidx = [&](int m) { // workspace index of query vector m of this CTA
+    // False: nothing to do (no query vectors; or an empty chunk, whose
+    // partial this call has written so that the merge skips it).
+    __device__ bool init(const pa_kp &P, bool quant) {
+        const int ntq = P.lay.group_size / TT;
+        G = P.lay.group_size;
+        gq = P.g;
+        chunk = blockIdx.x;
+        kvh = blockIdx.y / P.pl.n_mtiles;
+        seq = blockIdx.z;
+        S = P.seqs[seq];
+        m0 = (blockIdx.y % P.pl.n_mtiles) * MT;
+        M = min(MT, S.n_rows * gq - m0);
+        if (M <= 0) return false;
+        nq = quant ? S.n_qblocks : 0;
+        pq = quant ? (S.has_prequant != 0) : 0;
+        seq_end = S.pos0 + S.n_rows;
+        const int pos_end = S.pos0 + (m0 + M - 1) / gq + 1; // this CTA's rows read positions < pos_end
+        const int fp_span = seq_end - nq * G;
+        const int nU = nq + pq + (fp_span > 0 ? cdiv(fp_span, G) : 0);
+        u0 = chunk * P.upc;
+        const int u1 = min(nU, u0 + P.upc);
+        uq = max(min(nq + pq - u0, u1 - u0), 0);
+        const int uf = max(u1 - u0 - uq, 0);
+        jf0 = u0 + uq - nq - pq; // FP table index of the chunk's first FP unit
+        int nft = 0;
+        if (uf > 0) {
+            const int span = pos_end - (nq + jf0) * G;
+            nft = span > 0 ? min(uf * ntq, cdiv(span, TT)) : 0;
+        }
+        n_tiles = uq * ntq + nft;
+        if (n_tiles == 0) { // NOTE: only with split-K; an empty chunk still tells the merge it holds nothing
+            for (int m = threadIdx.x; m < M; m += blockDim.x) {
+                P.ws_ml[2 * pidx(P, m)] = -INFINITY;
+                P.ws_ml[2 * pidx(P, m) + 1] = 0.0f;
+            }
+            return false;
+        }
+        return true;
+    }
+    // Workspace index of query vector m of this CTA.
+    __device__ size_t pidx(const pa_kp &P, int m) const {
         const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
         return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
-    };
-    if (n_tiles == 0) { // NOTE: only with split-K; an empty chunk still tells the merge it holds nothing
-        for (int m = tid; m < M; m += PF_NT) {
-            P.ws_ml[2 * pidx(m)] = -INFINITY;
-            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
-        }
-        return;
     }
-
-    auto tile_get = [&](int k) {
+    // Position of the row of query vector m.
+    __device__ int row_pos(int m) const { return S.pos0 + (m0 + m) / gq; }
+    __device__ pf_tile tile(const pa_kp &P, int k) const {
+        const int ntq = G / TT;
         pf_tile x;
         if (k < uq * ntq) {
             const int u = u0 + k / ntq;
             x.fp = 0;
-            x.t0 = (k % ntq) * PF_TT;
+            x.t0 = (k % ntq) * TT;
             x.block = P.qtab[S.qblock_off + u]; // u == nq: the pre-quantized C_F1
             x.pos = u * G + x.t0;
             x.rmask = u < nq ? 0 : 1;
@@ -155,15 +170,114 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
             k -= uq * ntq;
             const int j = jf0 + k / ntq;
             x.fp = 1;
-            x.t0 = (k % ntq) * PF_TT;
+            x.t0 = (k % ntq) * TT;
             x.block = P.fptab[S.fpblock_off + j];
             x.pos = (nq + j) * G + x.t0;
             x.rmask = (pq && j == 0) ? 2 : 0;
             x.unit = -1;
         }
-        x.tl = min(PF_TT, seq_end - x.pos);
+        x.tl = min(TT, seq_end - x.pos);
         return x;
-    };
+    }
+    // q * scale * log2(e) of the CTA's query vectors into qs (f32 [MT][PF_QLD],
+    // zeros past M), by all blockDim.x threads.
+    __device__ void load_q(const pa_kp &P, float *qs) const {
+        for (int i = threadIdx.x; i < MT * 32; i += blockDim.x) { // float4 of q per thread
+            const int m = i >> 5, c = (i & 31) * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (m < M) {
+                const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
+                v = *(const float4 *)(P.q + ((size_t)(S.row_off + r) * P.n_q_heads + h) * TC_D + c);
+                v.x *= P.scale_log2;
+                v.y *= P.scale_log2;
+                v.z *= P.scale_log2;
+                v.w *= P.scale_log2;
+            }
+            *(float4 *)(qs + m * PF_QLD + c) = v;
+        }
+    }
+    // The finished query vector m (this lane's channels 8n + 2t4, + 1 of
+    // n-tiles n = 0..15, got through acc(n, j)): the output, or the partial
+    // (o unnormalized, max, sum) for the merge. dom: 2^20 if the
+    // accumulators are still in the code domain, else 1.
+    template <typename ACC>
+    __device__ void store(const pa_kp &P, int m, int t4, float mrun, float lsum, float zsum, float dom,
+                          ACC acc) const {
+        const int mg = m0 + m, r = mg / gq, hq = kvh * gq + mg % gq;
+        if (P.n_chunks == 1) {
+            float *o = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + hq) * TC_D + 2 * t4;
+            const float inv = 1.0f / lsum;
+#pragma unroll
+            for (int n = 0; n < 16; n++)
+                *(float2 *)(o + 8 * n) =
+                    make_float2(fmaf(acc(n, 0), dom, zsum) * inv, fmaf(acc(n, 1), dom, zsum) * inv);
+        } else {
+            const size_t pi = pidx(P, m);
+            float *o = P.ws_o + pi * TC_D + 2 * t4;
+#pragma unroll
+            for (int n = 0; n < 16; n++)
+                *(float2 *)(o + 8 * n) = make_float2(fmaf(acc(n, 0), dom, zsum), fmaf(acc(n, 1), dom, zsum));
+            if (t4 == 0) {
+                P.ws_ml[2 * pi] = mrun;
+                P.ws_ml[2 * pi + 1] = lsum;
+            }
+        }
+    }
+};
+
+// Q' A fragments (mma.m16n8k16 / wgmma layout) of the warp's 16 query
+// vectors wm0.. from qs: q itself (fold = false; FP tiles) or q * S_c with
+// qz = sum_c q_c Z'_c (fold = true; a quantized block's step S and zero' Z'
+// at ks[0..127], ks[128..255]), each as f16 hi + lo. Lane holds rows g8,
+// g8 + 8, k indices 16ks + 2t4 (+1) and + 8 (+1): those channels for FP
+// tiles; for quantized K, whose 8-channel chunks are staged as channels 0 2
+// 4 6 1 3 5 7 (one byte permute less per word than channel order), channels
+// 16ks + {0,2 | 4,6 | 1,3 | 5,7} for t4 = 0..3 (and + 8).
+__device__ __forceinline__ void pf_build_a(const float *qs, const float *ks, int wm0, int lane, bool fold,
+                                           uint32_t (&ah)[8][4], uint32_t (&al)[8][4], float (&qz)[2]) {
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const float *q0 = qs + (wm0 + g8) * PF_QLD, *q1 = q0 + 8 * PF_QLD;
+    const float *kz = ks + 128;
+    float z0 = 0.0f, z1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // k indices 2t4, 2t4 + 1 of a chunk: channels c, c + d
+            const int c = 16 * k + 8 * h + (fold ? (t4 < 2 ? 4 * t4 : 4 * t4 - 7) : 2 * t4), d = fold ? 2 : 1;
+            float2 a = make_float2(q0[c], q0[c + d]), b = make_float2(q1[c], q1[c + d]);
+            if (fold) {
+                const float2 s = make_float2(ks[c], ks[c + 2]), z = make_float2(kz[c], kz[c + 2]);
+                z0 = fmaf(a.x, z.x, fmaf(a.y, z.y, z0));
+                z1 = fmaf(b.x, z.x, fmaf(b.y, z.y, z1));
+                a.x *= s.x;
+                a.y *= s.y;
+                b.x *= s.x;
+                b.y *= s.y;
+            }
+            pf_split(a.x, a.y, ah[k][2 * h], al[k][2 * h]);         // a0 / a2: row g8
+            pf_split(b.x, b.y, ah[k][2 * h + 1], al[k][2 * h + 1]); // a1 / a3: row g8 + 8
+        }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        z0 += __shfl_xor_sync(0xffffffffu, z0, o);
+        z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+    }
+    qz[0] = fold ? z0 : 0.0f;
+    qz[1] = fold ? z1 : 0.0f;
+}
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
+    constexpr bool QUANT = MODE == NB_PA_TARGET;
+    constexpr float K20 = 1048576.0f; // 2^24 (subnormal codes) / 16 (the target step S/16)
+    extern __shared__ __align__(128) uint8_t smem[];
+    const nb_kv_layout lay = P.lay;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    pf_cta<PF_TT, PF_MT> C;
+    if (!C.init(P, QUANT)) return;
+    const int G = C.G, kvh = C.kvh, M = C.M, nq = C.nq, pq = C.pq, n_tiles = C.n_tiles;
+    auto tile_get = [&](int k) { return C.tile(P, k); };
     // Whole 32-token rows are copied (they lie inside the block); rows at
     // or past tl are zeroed when staged.
     auto issue = [&](int k) {
@@ -214,25 +328,13 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
     }
 
     float *qs = (float *)(smem + PF_Q_OFF);
-    for (int i = tid; i < PF_MT * 32; i += PF_NT) { // float4 of q per thread
-        const int m = i >> 5, c = (i & 31) * 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (m < M) {
-            const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
-            v = *(const float4 *)(P.q + ((size_t)(S.row_off + r) * P.n_q_heads + h) * TC_D + c);
-            v.x *= P.scale_log2;
-            v.y *= P.scale_log2;
-            v.z *= P.scale_log2;
-            v.w *= P.scale_log2;
-        }
-        *(float4 *)(qs + m * PF_QLD + c) = v;
-    }
+    C.load_q(P, qs);
 
     // This warp's query vectors: rows g8 and g8 + 8 of its 16 (h = 0, 1).
     const int wm0 = 16 * warp;
     const bool wact = wm0 < M;
-    const int wp_max = S.pos0 + (m0 + min(wm0 + 15, M - 1)) / gq; // its last row's position
-    const int wp_min = S.pos0 + (m0 + wm0) / gq;                  // its first row's
+    const int wp_max = C.row_pos(min(wm0 + 15, M - 1)); // its last row's position
+    const int wp_min = C.row_pos(wm0);                   // its first row's
     const bool wfull = wm0 + 15 < M;                                // all 16 query vectors valid
     int prow[2];
     bool rok[2], rpre[2];
@@ -240,7 +342,7 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
     for (int h = 0; h < 2; h++) {
         const int m = wm0 + g8 + 8 * h;
         rok[h] = m < M;
-        prow[h] = S.pos0 + (m0 + (rok[h] ? m : 0)) / gq;
+        prow[h] = C.row_pos(rok[h] ? m : 0);
         rpre[h] = row_uses_prequant(prow[h], G, nq, pq);
     }
     float acc[16][4];
@@ -253,42 +355,9 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
     int cur = -2;                // what ah/al hold: a quantized unit, -1 (FP: q itself), -2 nothing
     bool qdom = QUANT;           // accumulators in the code domain (x 2^-20)
 
-    // Q' = q (* S_c) as hi + lo; qz = sum_c q_c Z'_c. Lane holds rows g8,
-    // g8 + 8, k indices 16ks + 2t4 (+1) and + 8 (+1): those channels for FP
-    // tiles; for quantized K, whose 8-channel chunks are staged as channels
-    // 0 2 4 6 1 3 5 7 (one byte permute less per word than channel order), channels
-    // 16ks + {0,2 | 4,6 | 1,3 | 5,7} for t4 = 0..3 (and + 8).
+    // Q' = q (* S_c) as hi + lo; qz = sum_c q_c Z'_c (pf_build_a).
     auto build_a = [&](bool fold) {
-        const float *q0 = qs + (wm0 + g8) * PF_QLD, *q1 = q0 + 8 * PF_QLD;
-        const float *ks = (const float *)(smem + PF_KS_OFF), *kz = ks + 128;
-        float z0 = 0.0f, z1 = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                // k indices 2t4, 2t4 + 1 of a chunk: channels c, c + d (FP
-                // tiles: natural order; quantized K: the even-odd chunk order)
-                const int c = 16 * k + 8 * h + (fold ? (t4 < 2 ? 4 * t4 : 4 * t4 - 7) : 2 * t4), d = fold ? 2 : 1;
-                float2 a = make_float2(q0[c], q0[c + d]), b = make_float2(q1[c], q1[c + d]);
-                if (fold) {
-                    const float2 s = make_float2(ks[c], ks[c + 2]), z = make_float2(kz[c], kz[c + 2]);
-                    z0 = fmaf(a.x, z.x, fmaf(a.y, z.y, z0));
-                    z1 = fmaf(b.x, z.x, fmaf(b.y, z.y, z1));
-                    a.x *= s.x;
-                    a.y *= s.y;
-                    b.x *= s.x;
-                    b.y *= s.y;
-                }
-                pf_split(a.x, a.y, ah[k][2 * h], al[k][2 * h]);         // a0 / a2: row g8
-                pf_split(b.x, b.y, ah[k][2 * h + 1], al[k][2 * h + 1]); // a1 / a3: row g8 + 8
-            }
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) {
-            z0 += __shfl_xor_sync(0xffffffffu, z0, o);
-            z1 += __shfl_xor_sync(0xffffffffu, z1, o);
-        }
-        qz[0] = fold ? z0 : 0.0f;
-        qz[1] = fold ? z1 : 0.0f;
+        pf_build_a(qs, (const float *)(smem + PF_KS_OFF), wm0, lane, fold, ah, al, qz);
     };
 
 #pragma unroll 1
@@ -499,27 +568,8 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
     if (!wact) return;
     const float dom = qdom ? K20 : 1.0f;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (!rok[h]) continue;
-        const int m = wm0 + g8 + 8 * h, mg = m0 + m, r = mg / gq, hq = kvh * gq + mg % gq;
-        if (P.n_chunks == 1) {
-            float *o = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + hq) * TC_D + 2 * t4;
-            const float inv = 1.0f / lsum[h];
-#pragma unroll
-            for (int n = 0; n < 16; n++)
-                *(float2 *)(o + 8 * n) = make_float2(fmaf(acc[n][2 * h], dom, zsum[h]) * inv,
-                                                     fmaf(acc[n][2 * h + 1], dom, zsum[h]) * inv);
-        } else {
-            const size_t pi = pidx(m);
-            float *o = P.ws_o + pi * TC_D + 2 * t4;
-#pragma unroll
-            for (int n = 0; n < 16; n++)
-                *(float2 *)(o + 8 * n) =
-                    make_float2(fmaf(acc[n][2 * h], dom, zsum[h]), fmaf(acc[n][2 * h + 1], dom, zsum[h]));
-            if (t4 == 0) {
-                P.ws_ml[2 * pi] = mrun[h];
-                P.ws_ml[2 * pi + 1] = lsum[h];
-            }
-        }
-    }
+    for (int h = 0; h < 2; h++)
+        if (rok[h])
+            C.store(P, wm0 + g8 + 8 * h, t4, mrun[h], lsum[h], zsum[h], dom,
+                    [&](int n, int j) { return acc[n][2 * h + j]; });
 }

@@ -1,22 +1,33 @@
 // paged_attention_prefill_wg.cuh: the prefill kernel on Hopper's warpgroup
-// MMAs (wgmma; included by paged_attention_cuda.cu inside its anonymous
-// namespace, after paged_attention_prefill.cuh, whose tile record, q split
-// and exactness rules it shares).
+// MMAs (wgmma) with a producer warpgroup (included by
+// paged_attention_cuda.cu inside its anonymous namespace, after
+// paged_attention_prefill.cuh, whose tile record, q split and exactness
+// rules it shares).
 //
 // The one idea: pa_prefill_kernel issues mma.sync, whose operands all pass
 // through registers: each warp loads every K and V fragment of a tile with
-// ldmatrix for its own 16 query vectors. Here a warpgroup (4 warps) owns 64
-// query vectors and the tensor cores read K and V straight from shared
-// memory (wgmma, B operand by descriptor), 64 x 64 scores or 64 x 128
-// outputs per instruction, while the warpgroup's registers hold only q
-// (A operand), the scores and the outputs. Per 64-token tile and warpgroup:
-//   scores [64 q x 64 tok] = Q' [64 x 128] . K'^T  (8 k-steps, hi + lo: 16 wgmma m64n64k16)
-//   out    [64 q x 128 ch] += P' [64 x 64 tok] . V' (4 wgmma m64n128k16, V N-major)
+// ldmatrix for its own 16 query vectors, and all its threads stop at a CTA
+// barrier every tile to copy and stage. Here
+//   - a consumer warpgroup (4 warps) owns 64 query vectors, and the tensor
+//     cores read K and V straight from shared memory (wgmma, B operand by
+//     descriptor), 64 x 64 scores or 64 x 128 outputs per instruction; the
+//     registers hold only q (A operand), the scores and the outputs. Per
+//     64-token tile:
+//       scores [64 q x 64 tok] = Q' [64 x 128] . K'^T  (8 k-steps, hi + lo: 16 wgmma m64n64k16)
+//       out    [64 q x 128 ch] += P' [64 x 64 tok] . V' (4 wgmma m64n128k16, V N-major)
+//   - a producer warpgroup only copies (cp.async) and stages (quantized
+//     codes and steps, bf16 -> f16) into a ring of 3 slots, then
+//     fence.proxy.async and an arrive on the slot's "full" mbarrier; the
+//     two consumer warpgroups wait on "full", compute, and arrive on
+//     "empty" (which the producer waits on before refilling the slot). No
+//     CTA-wide barrier in the tile loop: the consumers run free, so one's
+//     softmax runs under the other's MMAs, and staging under both.
+//   - setmaxnreg moves registers from the producer (PS_PREG) to the
+//     consumers (PS_CREG).
 // The register layouts of wgmma's A fragments and accumulators per warp are
 // mma.m16n8k16's, so the online softmax, the q split and fold (build_a), the
 // code-domain switch and the epilogue are pa_prefill_kernel's, with 8 score
-// n-tiles instead of 4; the bits differ only by the order in which the
-// tensor cores sum their products.
+// n-tiles instead of 4.
 //
 // Shared memory tiles (K and V, 64 tokens x 128 channels, f16) are in
 // wgmma's 128-byte-swizzle canonical layout: two 8 KB halves of 64 channels;
@@ -25,38 +36,20 @@
 // B operand (scores: N = tokens, K = channels; stride between 8-token groups
 // 1024 B) and V as an N-major one (out: K = tokens, N = channels; 8-token
 // groups 1024 B apart, the channel halves 8192 B). FP tiles are copied
-// straight into that layout (bf16: converted in place); quantized tiles are
-// staged from the raw planes as f16 subnormal codes, as in pa_prefill_kernel
-// (K's 8-channel chunks in the even-odd order build_a mirrors).
+// straight into that layout (bf16: converted in place; f16 rows past the
+// sequence zero-filled instead of copied); quantized tiles are staged from
+// their raw planes as f16 subnormal codes, as in pa_prefill_kernel (K's
+// 8-channel chunks in the even-odd order build_a mirrors).
 //
-// A CTA is two warpgroups (128 query vectors, one CTA per SM) that share
-// the cp.async ring; every thread copies, stages and syncs, then each
-// warpgroup computes its tile while the other's MMAs run. Shapes: as
-// pa_prefill_kernel, and G % 64 == 0 (other group sizes take it).
+// Shapes: as pa_prefill_kernel, and G % 64 == 0 (other group sizes take it).
 
-constexpr int PW_NWG = 2, PW_NT = 128 * PW_NWG;
-constexpr int PW_MT = 64 * PW_NWG; // query vectors per CTA
-constexpr int PW_TT = 64;          // tokens per tile
-constexpr int PW_NS = 3;           // cp.async stages
+constexpr int PW_MT = 128;           // query vectors per CTA (two consumer warpgroups)
+constexpr int PW_TT = 64;            // tokens per tile
 constexpr int PW_TILE = PW_TT * 256; // one f16 [64 tok][128 ch] tile
-// Shared memory (from a 1024-byte aligned base): the staged code tiles Kc,
-// Vc; the ring (an FP tile's K + V, or a quantized tile's raw planes and
-// scales); q * scale * log2(e) as f32 [128][PF_QLD]; the block's K step and
-// zero' (f32 [128] each); the tile's V step and zero' (f32 [64] each).
-constexpr int PW_KC_OFF = 0;
-constexpr int PW_VC_OFF = PW_TILE;
-constexpr int PW_RAW_OFF = 2 * PW_TILE;
-constexpr int PW_SLOT = 2 * PW_TILE;
-constexpr int PW_Q_OFF = PW_RAW_OFF + PW_NS * PW_SLOT;
-constexpr int PW_KS_OFF = PW_Q_OFF + PW_MT * PF_QLD * 4;
-constexpr int PW_VS_OFF = PW_KS_OFF + 2 * 128 * 4;
-constexpr int PW_SMEM = PW_VS_OFF + 2 * PW_TT * 4 + 1024; // + alignment slack
-// Raw quantized slot: K upper, V upper, K lower, V lower planes [64][64];
+// Raw quantized tile: K upper, V upper, K lower, V lower planes [64][64];
 // K step[128], K zero[128], V step[64], V zero[64] (16-bit).
 constexpr int PWR_KU = 0, PWR_VU = 4096, PWR_KL = 8192, PWR_VL = 12288;
 constexpr int PWR_KS = 16384, PWR_KZ = PWR_KS + 256, PWR_VS = PWR_KZ + 256, PWR_VZ = PWR_VS + 128;
-static_assert(PWR_VZ + 128 <= PW_SLOT, "a quantized tile fits the slot");
-static_assert(PW_SMEM <= 227 * 1024, "one CTA per SM");
 
 // Byte offset of 16-byte chunk j (0..15) of token row r in a swizzled tile.
 __device__ __forceinline__ int pw_sw(int r, int j) {
@@ -116,150 +109,220 @@ __device__ __forceinline__ void wg_mma_n128_t(float (&d)[64], const uint32_t (&a
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+constexpr int PS_NT = 384; // producer warpgroup + 2 consumer warpgroups
+constexpr int PS_NS = 3;   // ring slots
+// Registers per thread after setmaxnreg. They come from the CTA's own
+// allocation (384 x 168 at launch): a larger sum would leave the consumers'
+// setmaxnreg.inc waiting forever.
+constexpr int PS_PREG = 56, PS_CREG = 224;
+static_assert(128 * PS_PREG + 256 * PS_CREG <= PS_NT * 168, "setmaxnreg within the launch allocation");
+// Shared memory (from a 1024-byte aligned base): PS_NS slots, then q *
+// scale * log2(e) as f32 [128][PF_QLD], then the full and empty mbarriers.
+// Slot: the staged tile (K, V f16 swizzled), the raw quantized planes and
+// 16-bit scales (PWR_*), the f32 K step / zero' [128] each and V step /
+// zero' [64] each.
+constexpr int PS_RAW = PW_TILE * 2;
+constexpr int PS_F32 = PS_RAW + PWR_VZ + 128;
+constexpr int PS_SLOT = (PS_F32 + 2 * 128 * 4 + 2 * PW_TT * 4 + 1023) & ~1023;
+constexpr int PS_Q_OFF = PS_NS * PS_SLOT;
+constexpr int PS_BAR_OFF = PS_Q_OFF + PW_MT * PF_QLD * 4;
+constexpr int PS_SMEM = PS_BAR_OFF + 2 * PS_NS * 8 + 1024; // + alignment slack
+static_assert(PS_SMEM <= 227 * 1024, "one CTA per SM");
+
+
+__device__ __forceinline__ void ps_mbar_init(uint64_t *b, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(s_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ps_mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(s_u32(b)) : "memory");
+}
+__device__ __forceinline__ void ps_mbar_wait(uint64_t *b, uint32_t parity) {
+    asm volatile("{\n .reg .pred P1;\n PS_WAIT:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 " @P1 bra PS_DONE;\n bra PS_WAIT;\n PS_DONE:\n}\n" ::"r"(s_u32(b)),
+                 "r"(parity)
+                 : "memory");
+}
+
 template <typename T, int MODE>
-__global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) {
+__global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) {
     constexpr bool QUANT = MODE == NB_PA_TARGET;
+    constexpr bool F16 = std::is_same<T, __half>::value;
     constexpr float K20 = 1048576.0f; // 2^24 (subnormal codes) / 16 (the target step S/16)
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t *const smem = smem_raw + ((1024u - (s_u32(smem_raw) & 1023u)) & 1023u);
     const nb_kv_layout lay = P.lay;
-    const int G = lay.group_size, ntq = G / PW_TT;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
-    const int chunk = blockIdx.x, kvh = blockIdx.y / P.pl.n_mtiles, mt = blockIdx.y % P.pl.n_mtiles;
-    const int seq = blockIdx.z, gq = P.g;
-    const nb_pa_seq S = P.seqs[seq];
-    const int m0 = mt * PW_MT;
-    const int M = min(PW_MT, S.n_rows * gq - m0); // query vectors of this CTA
-    if (M <= 0) return;
-    const int nq = QUANT ? S.n_qblocks : 0, pq = QUANT ? (S.has_prequant != 0) : 0;
-    const int seq_end = S.pos0 + S.n_rows;
-    const int pos_end = S.pos0 + (m0 + M - 1) / gq + 1; // this CTA's rows read positions < pos_end
-    const int fp_span = seq_end - nq * G;
-    const int nU = nq + pq + (fp_span > 0 ? cdiv(fp_span, G) : 0);
-    const int u0 = chunk * P.upc, u1 = min(nU, u0 + P.upc);
-    const int uq = max(min(nq + pq - u0, u1 - u0), 0), uf = max(u1 - u0 - uq, 0);
-    const int jf0 = u0 + uq - nq - pq; // FP table index of the chunk's first FP unit
-    int nft = 0;
-    if (uf > 0) {
-        const int span = pos_end - (nq + jf0) * G;
-        nft = span > 0 ? min(uf * ntq, cdiv(span, PW_TT)) : 0;
-    }
-    const int n_tiles = uq * ntq + nft;
-
-    auto pidx = [&](int m) { // workspace index of query vector m of this CTA
-        const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
-        return ((size_t)(seq * P.n_chunks + chunk) * P.max_rows + r) * P.n_q_heads + h;
-    };
-    if (n_tiles == 0) { // NOTE: only with split-K; an empty chunk still tells the merge it holds nothing
-        for (int m = tid; m < M; m += PW_NT) {
-            P.ws_ml[2 * pidx(m)] = -INFINITY;
-            P.ws_ml[2 * pidx(m) + 1] = 0.0f;
+    pf_cta<PW_TT, PW_MT> C;
+    if (!C.init(P, QUANT)) return;
+    const int G = C.G, kvh = C.kvh, M = C.M, nq = C.nq, pq = C.pq, n_tiles = C.n_tiles;
+    auto tile_get = [&](int k) { return C.tile(P, k); };
+    // Consumer warpgroups with query vectors (a warpgroup without any stays
+    // out of the tile loop: its arrivals, running ahead, would complete the
+    // "empty" phases of tiles still being read).
+    const int n_cwg = M > 64 ? 2 : 1;
+    uint64_t *full = (uint64_t *)(smem + PS_BAR_OFF), *empty = full + PS_NS;
+    if (tid == 0) {
+        for (int s = 0; s < PS_NS; s++) {
+            ps_mbar_init(full + s, 128);        // every producer thread
+            ps_mbar_init(empty + s, 4 * n_cwg); // every warp of the active consumer warpgroups
         }
+    }
+    float *qs = (float *)(smem + PS_Q_OFF);
+    C.load_q(P, qs);
+    __syncthreads(); // barriers initialized, q staged: the last CTA-wide barrier
+
+    if (warp < 4) { // ================= producer =================
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PS_PREG));
+        const int pt = tid; // 0..127
+        // Copies of tile k into its slot: FP rows < tl straight into the
+        // swizzled tile (f16 rows past tl are zero-filled instead); quantized
+        // planes and scales into the raw area.
+        auto issue = [&](int k) {
+            const pf_tile x = tile_get(k);
+            uint8_t *sl = smem + (k % PS_NS) * PS_SLOT;
+            if (x.fp) {
+                const uint8_t *kg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 0, x.t0) * sizeof(T);
+                const uint8_t *vg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 1, x.t0) * sizeof(T);
+#pragma unroll
+                for (int i = pt; i < PW_TT * 16; i += 128) {
+                    const int r = i >> 4, j = i & 15;
+                    if (r < x.tl) {
+                        cp_async16(sl + pw_sw(r, j), kg + 16 * i);
+                        cp_async16(sl + PW_TILE + pw_sw(r, j), vg + 16 * i);
+                    } else {
+                        *(uint4 *)(sl + pw_sw(r, j)) = make_uint4(0u, 0u, 0u, 0u);
+                        *(uint4 *)(sl + PW_TILE + pw_sw(r, j)) = make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+            } else if (QUANT) {
+                uint8_t *rw = sl + PS_RAW;
+                const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
+                const size_t vo = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 1, x.t0);
+#pragma unroll
+                for (int i = pt; i < 256; i += 128) { // 256 x 16 B = 64 rows x 64 B per plane
+                    cp_async16(rw + PWR_KU + 16 * i, P.upper + ko + 16 * i);
+                    cp_async16(rw + PWR_VU + 16 * i, P.upper + vo + 16 * i);
+                    cp_async16(rw + PWR_KL + 16 * i, P.lower + ko + 16 * i);
+                    cp_async16(rw + PWR_VL + 16 * i, P.lower + vo + 16 * i);
+                }
+                if (pt < 48) {
+                    const uint8_t *sc = P.scales;
+                    const size_t es = sizeof(T);
+                    if (pt < 16)
+                        cp_async16(rw + PWR_KS + 16 * pt,
+                                   sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_SCALE) * es + 16 * pt);
+                    else if (pt < 32)
+                        cp_async16(rw + PWR_KZ + 16 * (pt - 16),
+                                   sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_ZERO) * es +
+                                       16 * (pt - 16));
+                    else if (pt < 40)
+                        cp_async16(rw + PWR_VS + 16 * (pt - 32),
+                                   sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_SCALE) + x.t0) * es +
+                                       16 * (pt - 32));
+                    else
+                        cp_async16(rw + PWR_VZ + 16 * (pt - 40),
+                                   sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_ZERO) + x.t0) * es +
+                                       16 * (pt - 40));
+                }
+            }
+        };
+#pragma unroll 1
+        for (int k = 0; k < n_tiles; k++) {
+            if (k == 0) {
+                issue(0);
+                cp_commit();
+            }
+            if (k + 1 < n_tiles) { // tile k+1's copies fly while tile k is staged
+                if (k + 1 >= PS_NS) ps_mbar_wait(empty + (k + 1) % PS_NS, (((k + 1) / PS_NS) - 1) & 1);
+                issue(k + 1);
+            }
+            cp_commit();
+            cp_wait<1>(); // this thread's copies of tile k
+            const pf_tile x = tile_get(k);
+            uint8_t *sl = smem + (k % PS_NS) * PS_SLOT;
+            if (x.fp) {
+                if (!F16) { // bf16 -> f16 in place, the chunks this thread copied
+#pragma unroll
+                    for (int i = pt; i < PW_TT * 16; i += 128) {
+                        const int r = i >> 4, j = i & 15;
+                        if (r >= x.tl) continue;
+#pragma unroll
+                        for (int kv = 0; kv < 2; kv++) {
+                            uint4 *a = (uint4 *)(sl + kv * PW_TILE + pw_sw(r, j));
+                            uint4 w = *a;
+                            w.x = fp_pair_h<T>(w.x);
+                            w.y = fp_pair_h<T>(w.y);
+                            w.z = fp_pair_h<T>(w.z);
+                            w.w = fp_pair_h<T>(w.w);
+                            *a = w;
+                        }
+                    }
+                }
+            } else if (QUANT) {
+                asm volatile("bar.sync 1, 128;\n" ::: "memory"); // every producer thread's raw copies landed
+                const uint8_t *rw = sl + PS_RAW;
+                const int j = pt & 15, r0 = pt >> 4; // word j of rows r0 + 8k (byte layout as pa_prefill_kernel)
+#pragma unroll 2
+                for (int k8 = 0; k8 < 8; k8++) {
+                    const int r = r0 + 8 * k8;
+                    uint4 wk = make_uint4(0u, 0u, 0u, 0u), wv = wk;
+                    if (r < x.tl) {
+                        const uint32_t ku = *(const uint32_t *)(rw + PWR_KU + r * 64 + 4 * j);
+                        const uint32_t kl = *(const uint32_t *)(rw + PWR_KL + r * 64 + 4 * j);
+                        const uint32_t vu = *(const uint32_t *)(rw + PWR_VU + r * 64 + 4 * j);
+                        const uint32_t vl = *(const uint32_t *)(rw + PWR_VL + r * 64 + 4 * j);
+                        const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
+                        wk = make_uint4(prmt(ke, 0u, 0x4140), prmt(ke, 0u, 0x4342), prmt(ko, 0u, 0x4140),
+                                        prmt(ko, 0u, 0x4342));
+                        const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
+                        const uint32_t x0 = prmt(ve, vo, 0x5140), x1 = prmt(ve, vo, 0x7362);
+                        wv = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
+                                        prmt(x1, 0u, 0x4342));
+                    }
+                    *(uint4 *)(sl + pw_sw(r, j)) = wk;
+                    *(uint4 *)(sl + PW_TILE + pw_sw(r, j)) = wv;
+                }
+                float *f = (float *)(sl + PS_F32); // K step [128], zero' [128], V step [64], zero' [64]
+                {
+                    const float s = t2_f2<T>(*(const uint16_t *)(rw + PWR_KS + 2 * pt)).x;
+                    const float z = t2_f2<T>(*(const uint16_t *)(rw + PWR_KZ + 2 * pt)).x;
+                    f[pt] = s;
+                    f[128 + pt] = fmaf(-0.5f, s, z);
+                }
+                if (pt < PW_TT) {
+                    float s = 0.0f, z = 0.0f;
+                    if (pt < x.tl) {
+                        s = t2_f2<T>(*(const uint16_t *)(rw + PWR_VS + 2 * pt)).x;
+                        z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(rw + PWR_VZ + 2 * pt)).x);
+                    }
+                    f[256 + pt] = s;
+                    f[256 + PW_TT + pt] = z;
+                }
+            }
+            fence_async_smem(); // the slot's tiles are read next by the tensor cores
+            ps_mbar_arrive(full + k % PS_NS);
+        }
+        cp_wait<0>();
         return;
     }
 
-    auto tile_get = [&](int k) {
-        pf_tile x;
-        if (k < uq * ntq) {
-            const int u = u0 + k / ntq;
-            x.fp = 0;
-            x.t0 = (k % ntq) * PW_TT;
-            x.block = P.qtab[S.qblock_off + u]; // u == nq: the pre-quantized C_F1
-            x.pos = u * G + x.t0;
-            x.rmask = u < nq ? 0 : 1;
-            x.unit = u;
-        } else {
-            k -= uq * ntq;
-            const int j = jf0 + k / ntq;
-            x.fp = 1;
-            x.t0 = (k % ntq) * PW_TT;
-            x.block = P.fptab[S.fpblock_off + j];
-            x.pos = (nq + j) * G + x.t0;
-            x.rmask = (pq && j == 0) ? 2 : 0;
-            x.unit = -1;
-        }
-        x.tl = min(PW_TT, seq_end - x.pos);
-        return x;
-    };
-    // Whole 64-token rows are copied (they lie inside the block); rows at
-    // or past tl are zeroed when staged.
-    auto issue = [&](int k) {
-        const pf_tile x = tile_get(k);
-        uint8_t *sb = smem + PW_RAW_OFF + (k % PW_NS) * PW_SLOT;
-        if (x.fp) {
-            const uint8_t *kg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 0, x.t0) * sizeof(T);
-            const uint8_t *vg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 1, x.t0) * sizeof(T);
-#pragma unroll
-            for (int i = tid; i < PW_TT * 16; i += PW_NT) { // straight into the swizzled layout
-                const int r = i >> 4, j = i & 15;
-                cp_async16(sb + pw_sw(r, j), kg + 16 * i);
-                cp_async16(sb + PW_TILE + pw_sw(r, j), vg + 16 * i);
-            }
-        } else if (QUANT) {
-            const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
-            const size_t vo = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 1, x.t0);
-            cp_async16(sb + PWR_KU + 16 * tid, P.upper + ko + 16 * tid); // 256 x 16 B = 64 rows x 64 B
-            cp_async16(sb + PWR_VU + 16 * tid, P.upper + vo + 16 * tid);
-            cp_async16(sb + PWR_KL + 16 * tid, P.lower + ko + 16 * tid);
-            cp_async16(sb + PWR_VL + 16 * tid, P.lower + vo + 16 * tid);
-            if (tid < 48) {
-                const uint8_t *sc = P.scales;
-                const size_t es = sizeof(T);
-                if (tid < 16)
-                    cp_async16(sb + PWR_KS + 16 * tid,
-                               sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_SCALE) * es + 16 * tid);
-                else if (tid < 32)
-                    cp_async16(sb + PWR_KZ + 16 * (tid - 16),
-                               sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_ZERO) * es +
-                                   16 * (tid - 16));
-                else if (tid < 40)
-                    cp_async16(sb + PWR_VS + 16 * (tid - 32),
-                               sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_SCALE) + x.t0) * es +
-                                   16 * (tid - 32));
-                else
-                    cp_async16(sb + PWR_VZ + 16 * (tid - 40),
-                               sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_ZERO) + x.t0) * es +
-                                   16 * (tid - 40));
-            }
-        }
-    };
-
-#pragma unroll 1
-    for (int s = 0; s < PW_NS - 1; s++) {
-        if (s < n_tiles) issue(s);
-        cp_commit();
-    }
-
-    float *qs = (float *)(smem + PW_Q_OFF);
-    for (int i = tid; i < PW_MT * 32; i += PW_NT) { // float4 of q per thread
-        const int m = i >> 5, c = (i & 31) * 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (m < M) {
-            const int mg = m0 + m, r = mg / gq, h = kvh * gq + mg % gq;
-            v = *(const float4 *)(P.q + ((size_t)(S.row_off + r) * P.n_q_heads + h) * TC_D + c);
-            v.x *= P.scale_log2;
-            v.y *= P.scale_log2;
-            v.z *= P.scale_log2;
-            v.w *= P.scale_log2;
-        }
-        *(float4 *)(qs + m * PF_QLD + c) = v;
-    }
-
-    // This warpgroup's 64 query vectors (uniform across its warps: every
-    // wgmma is issued by all four), and this warp's 16.
-    const int wgm0 = 64 * (warp >> 2);
-    const bool wg_act = wgm0 < M;
-    const int wg_pmax = S.pos0 + (m0 + min(wgm0 + 63, M - 1)) / gq; // its last row's position
-    const int wm0 = 16 * warp;
-    const int wp_min = S.pos0 + (m0 + min(wm0, M - 1)) / gq; // this warp's first row's
-    const bool wfull = wm0 + 15 < M;                           // all 16 query vectors valid
+    // ================= consumers =================
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(PS_CREG));
+    const int cw = warp - 4;              // consumer warp 0..7
+    const int wgm0 = 64 * (cw >> 2);      // this warpgroup's first query vector
+    if (cw >> 2 >= n_cwg) return;         // no query vectors here
+    const int wg_pmax = C.row_pos(min(wgm0 + 63, M - 1)); // its last row's position
+    const int wm0 = 16 * cw;
+    const int wp_min = C.row_pos(min(wm0, M - 1));
+    const bool wfull = wm0 + 15 < M;
     int prow[2];
     bool rok[2], rpre[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int m = wm0 + g8 + 8 * h;
         rok[h] = m < M;
-        prow[h] = S.pos0 + (m0 + (rok[h] ? m : 0)) / gq;
+        prow[h] = C.row_pos(rok[h] ? m : 0);
         rpre[h] = row_uses_prequant(prow[h], G, nq, pq);
     }
     float acc[64]; // out: n-tile n (channels 8n..8n+7) at acc[4n .. 4n+3]
@@ -270,121 +333,30 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
     int cur = -2;                // what ah/al hold: a quantized unit, -1 (FP: q itself), -2 nothing
     bool qdom = QUANT;           // accumulators in the code domain (x 2^-20)
 
-    // As pa_prefill_kernel's build_a (the same channel order for quantized K).
-    auto build_a = [&](bool fold) {
-        const float *q0 = qs + (wm0 + g8) * PF_QLD, *q1 = q0 + 8 * PF_QLD;
-        const float *ks = (const float *)(smem + PW_KS_OFF), *kz = ks + 128;
-        float z0 = 0.0f, z1 = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int c = 16 * k + 8 * h + (fold ? (t4 < 2 ? 4 * t4 : 4 * t4 - 7) : 2 * t4), d = fold ? 2 : 1;
-                float2 a = make_float2(q0[c], q0[c + d]), b = make_float2(q1[c], q1[c + d]);
-                if (fold) {
-                    const float2 s = make_float2(ks[c], ks[c + 2]), z = make_float2(kz[c], kz[c + 2]);
-                    z0 = fmaf(a.x, z.x, fmaf(a.y, z.y, z0));
-                    z1 = fmaf(b.x, z.x, fmaf(b.y, z.y, z1));
-                    a.x *= s.x;
-                    a.y *= s.y;
-                    b.x *= s.x;
-                    b.y *= s.y;
-                }
-                pf_split(a.x, a.y, ah[k][2 * h], al[k][2 * h]);
-                pf_split(b.x, b.y, ah[k][2 * h + 1], al[k][2 * h + 1]);
-            }
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) {
-            z0 += __shfl_xor_sync(0xffffffffu, z0, o);
-            z1 += __shfl_xor_sync(0xffffffffu, z1, o);
-        }
-        qz[0] = fold ? z0 : 0.0f;
-        qz[1] = fold ? z1 : 0.0f;
+    // Q' = q (* S_c) as hi + lo; qz (pf_build_a), the block's steps from the slot.
+    auto build_a = [&](bool fold, const float *ks) { pf_build_a(qs, ks, wm0, lane, fold, ah, al, qz); };
+    auto release = [&](int s) { // this warp is done with slot s
+        __syncwarp();
+        if (lane == 0) ps_mbar_arrive(empty + s);
     };
 
 #pragma unroll 1
     for (int it = 0; it < n_tiles; it++) {
-        cp_wait<PW_NS - 2>();
-        fence_async_smem(); // this thread's copies of tile `it`, next read by the tensor cores
-        __syncthreads();    // tile `it` landed; every warpgroup is done with tile it-1
-        if (it + PW_NS - 1 < n_tiles) issue(it + PW_NS - 1);
-        cp_commit();
         const pf_tile x = tile_get(it);
-        const uint8_t *sb = smem + PW_RAW_OFF + (it % PW_NS) * PW_SLOT;
-
-        // ---- stage: FP tiles in place (bf16 -> f16; rows past the
-        // sequence zeroed), quantized tiles -> f16 codes in Kc/Vc, steps ----
-        constexpr bool F16 = std::is_same<T, __half>::value;
+        const int s = it % PS_NS;
+        // Even a tile this warpgroup skips is waited for before it is
+        // released, so no warp's arrival can run a phase ahead.
+        ps_mbar_wait(full + s, (it / PS_NS) & 1);
+        if (x.tl <= 0 || x.pos > wg_pmax) { // nothing of this tile for this warpgroup
+            release(s);
+            continue;
+        }
+        const uint8_t *sl = smem + s * PS_SLOT;
+        const float *f = (const float *)(sl + PS_F32);
         const bool fp = !QUANT || x.fp;
         if (fp) {
-            if (!F16 || x.tl < PW_TT) {
-                uint8_t *sw = smem + PW_RAW_OFF + (it % PW_NS) * PW_SLOT;
-#pragma unroll
-                for (int i = tid; i < 2 * PW_TT * 16; i += PW_NT) {
-                    const int kv = i >> 10, r = (i >> 4) & 63, j = i & 15;
-                    uint4 *a = (uint4 *)(sw + kv * PW_TILE + pw_sw(r, j));
-                    if (r >= x.tl) {
-                        *a = make_uint4(0u, 0u, 0u, 0u);
-                    } else if (!F16) {
-                        uint4 w = *a;
-                        w.x = fp_pair_h<T>(w.x);
-                        w.y = fp_pair_h<T>(w.y);
-                        w.z = fp_pair_h<T>(w.z);
-                        w.w = fp_pair_h<T>(w.w);
-                        *a = w;
-                    }
-                }
-                fence_async_smem();
-                __syncthreads();
-            }
-        } else if (QUANT) {
-            // Thread: word j (channels 8j..8j+7) of rows r0 + 16k, k = 0..3;
-            // byte layout as in pa_prefill_kernel.
-            const int j = tid & 15, r0 = tid >> 4;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int r = r0 + 16 * k;
-                uint4 wk = make_uint4(0u, 0u, 0u, 0u), wv = wk;
-                if (r < x.tl) {
-                    const uint32_t ku = *(const uint32_t *)(sb + PWR_KU + r * 64 + 4 * j);
-                    const uint32_t kl = *(const uint32_t *)(sb + PWR_KL + r * 64 + 4 * j);
-                    const uint32_t vu = *(const uint32_t *)(sb + PWR_VU + r * 64 + 4 * j);
-                    const uint32_t vl = *(const uint32_t *)(sb + PWR_VL + r * 64 + 4 * j);
-                    const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
-                    wk = make_uint4(prmt(ke, 0u, 0x4140), prmt(ke, 0u, 0x4342), prmt(ko, 0u, 0x4140),
-                                    prmt(ko, 0u, 0x4342));
-                    const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
-                    const uint32_t x0 = prmt(ve, vo, 0x5140), x1 = prmt(ve, vo, 0x7362);
-                    wv = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
-                                    prmt(x1, 0u, 0x4342));
-                }
-                *(uint4 *)(smem + PW_KC_OFF + pw_sw(r, j)) = wk;
-                *(uint4 *)(smem + PW_VC_OFF + pw_sw(r, j)) = wv;
-            }
-            float *ks = (float *)(smem + PW_KS_OFF), *vs = (float *)(smem + PW_VS_OFF);
-            if ((x.t0 == 0 || it == 0) && tid < 128) { // the block's K step and zero' = zero - step/2
-                const float s = t2_f2<T>(*(const uint16_t *)(sb + PWR_KS + 2 * tid)).x;
-                const float z = t2_f2<T>(*(const uint16_t *)(sb + PWR_KZ + 2 * tid)).x;
-                ks[tid] = s;
-                ks[128 + tid] = fmaf(-0.5f, s, z);
-            }
-            if (tid >= 128 && tid < 128 + PW_TT) {
-                const int t = tid - 128;
-                float s = 0.0f, z = 0.0f;
-                if (t < x.tl) {
-                    s = t2_f2<T>(*(const uint16_t *)(sb + PWR_VS + 2 * t)).x;
-                    z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(sb + PWR_VZ + 2 * t)).x);
-                }
-                vs[t] = s;
-                vs[PW_TT + t] = z;
-            }
-            fence_async_smem();
-            __syncthreads();
-        }
-        if (!wg_act || x.tl <= 0 || x.pos > wg_pmax) continue; // nothing of this tile for this warpgroup
-        if (fp) {
             if (cur != -1) {
-                build_a(false);
+                build_a(false, f);
                 cur = -1;
             }
             if (qdom) {
@@ -393,13 +365,10 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 qdom = false;
             }
         } else if (cur != x.unit) {
-            build_a(true);
+            build_a(true, f);
             cur = x.unit;
         }
-
-        const uint32_t kc_s = fp ? s_u32(sb) : s_u32(smem + PW_KC_OFF);
-        const uint32_t vc_s = fp ? s_u32(sb + PW_TILE) : s_u32(smem + PW_VC_OFF);
-        // ---- scores: 8 k-steps, hi + lo ----
+        const uint32_t kc_s = s_u32(sl), vc_s = s_u32(sl + PW_TILE);
         float sc[32]; // token n-tile n (tokens 8n..8n+7) at sc[4n .. 4n+3]
 #pragma unroll
         for (int i = 0; i < 32; i++) sc[i] = 0.0f;
@@ -413,7 +382,6 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         wg_commit();
         wg_wait0();
         reg_fence(sc);
-        // ---- online softmax (log2 units); sc[4n + i]: row g8 + 8 (i >> 1), token 8n + 2t4 + (i & 1) ----
         const float ksc = fp ? 1.0f : K20;
         float mx[2] = {-INFINITY, -INFINITY};
         if (x.tl == PW_TT && x.rmask == 0 && x.pos + PW_TT - 1 <= wp_min && wfull) { // no masks
@@ -443,8 +411,8 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
             mrun[h] = mnew;
         }
         float ps[2] = {0.0f, 0.0f}, pz[2] = {0.0f, 0.0f};
-        uint32_t pa[4][4]; // P' A fragments, k-step kk = tokens 16kk..16kk+15
-        const float *vs = (const float *)(smem + PW_VS_OFF);
+        uint32_t pa[4][4];
+        const float *vs = f + 256;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             float p[4];
@@ -463,7 +431,6 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 p[2] *= st.x;
                 p[3] *= st.y;
             }
-            // n-tile n = k-step n/2, columns 0-7 (n even: a0/a1) or 8-15 (odd: a2/a3)
             pa[n >> 1][2 * (n & 1)] = h2u(__floats2half2_rn(p[0], p[1]));
             pa[n >> 1][2 * (n & 1) + 1] = h2u(__floats2half2_rn(p[2], p[3]));
         }
@@ -479,17 +446,15 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
             acc[4 * n + 2] *= alpha[1];
             acc[4 * n + 3] *= alpha[1];
         }
-        // ---- out += P' . V: 4 k-steps of 16 tokens ----
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wg_mma_n128_t(acc, pa[kk], pw_desc(vc_s + kk * 2048, 8192, 1024));
         wg_commit();
         wg_wait0();
         reg_fence(acc);
+        release(s);
     }
-    cp_wait<0>();
 
-    // ---- the CTA's partial (o unnormalized, max, sum) or the output ----
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -499,27 +464,8 @@ __global__ void __launch_bounds__(PW_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         }
     const float dom = qdom ? K20 : 1.0f;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (!rok[h]) continue;
-        const int m = wm0 + g8 + 8 * h, mg = m0 + m, r = mg / gq, hq = kvh * gq + mg % gq;
-        if (P.n_chunks == 1) {
-            float *o = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + hq) * TC_D + 2 * t4;
-            const float inv = 1.0f / lsum[h];
-#pragma unroll
-            for (int n = 0; n < 16; n++)
-                *(float2 *)(o + 8 * n) = make_float2(fmaf(acc[4 * n + 2 * h], dom, zsum[h]) * inv,
-                                                     fmaf(acc[4 * n + 2 * h + 1], dom, zsum[h]) * inv);
-        } else {
-            const size_t pi = pidx(m);
-            float *o = P.ws_o + pi * TC_D + 2 * t4;
-#pragma unroll
-            for (int n = 0; n < 16; n++)
-                *(float2 *)(o + 8 * n) =
-                    make_float2(fmaf(acc[4 * n + 2 * h], dom, zsum[h]), fmaf(acc[4 * n + 2 * h + 1], dom, zsum[h]));
-            if (t4 == 0) {
-                P.ws_ml[2 * pi] = mrun[h];
-                P.ws_ml[2 * pi + 1] = lsum[h];
-            }
-        }
-    }
+    for (int h = 0; h < 2; h++)
+        if (rok[h])
+            C.store(P, wm0 + g8 + 8 * h, t4, mrun[h], lsum[h], zsum[h], dom,
+                    [&](int n, int j) { return acc[4 * n + 2 * h + j]; });
 }
