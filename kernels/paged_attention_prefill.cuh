@@ -67,12 +67,16 @@ constexpr int PF_VS_OFF = PF_KS_OFF + 2 * 128 * 4;
 constexpr int PF_RAW_OFF = PF_VS_OFF + 2 * PF_TT * 4;
 constexpr int PF_SLOT = 2 * PF_TT * 128 * 2; // an FP tile's K + V rows (16-bit)
 constexpr int PF_SMEM = PF_RAW_OFF + PF_NS * PF_SLOT;
-// Raw quantized slot: K upper, V upper, K lower, V lower planes [32][64];
-// K step[128], K zero[128], V step[32], V zero[32] (16-bit). FP slot: K
-// [32][128], V [32][128].
-constexpr int PR_KU = 0, PR_VU = 2048, PR_KL = 4096, PR_VL = 6144;
-constexpr int PR_KS = 8192, PR_KZ = PR_KS + 256, PR_VS = PR_KZ + 256, PR_VZ = PR_VS + 64;
-static_assert(PR_VZ + 64 <= PF_SLOT, "a quantized tile fits the slot");
+// Ring slot: an FP tile, K [32][128], V [32][128], or a quantized one (pf_raw).
+// A quantized tile of TT tokens as copied from the pools (both prefill
+// kernels): K upper, V upper, K lower, V lower planes [TT][64 B]; K step
+// [128], K zero [128], V step [TT], V zero [TT] (16-bit).
+template <int TT> struct pf_raw {
+    static constexpr int KU = 0, VU = TT * 64, KL = 2 * TT * 64, VL = 3 * TT * 64;
+    static constexpr int KS = 4 * TT * 64, KZ = KS + 256, VS = KZ + 256, VZ = VS + 2 * TT, BYTES = VZ + 2 * TT;
+};
+using PR = pf_raw<PF_TT>;
+static_assert(PR::BYTES <= PF_SLOT, "a quantized tile fits the slot");
 static_assert(PF_RAW_OFF % 16 == 0, "cp.async destinations are 16-byte aligned");
 static_assert(2 * PF_SMEM + 2048 <= 228 * 1024, "two CTAs per SM");
 
@@ -99,6 +103,59 @@ __device__ __forceinline__ int pf_sw(int r, int j) { return r * 256 + ((j ^ (r &
 struct pf_tile {
     int fp, block, t0, pos, tl, rmask, unit;
 };
+
+// Thread t of nt issues its cp.async copies of quantized tile x into raw
+// (pf_raw<TT> layout, 16-byte aligned).
+template <typename T, int TT>
+__device__ __forceinline__ void pf_copy_raw(const pa_kp &P, const pf_tile &x, int kvh, uint8_t *raw, int t, int nt) {
+    using R = pf_raw<TT>;
+    const nb_kv_layout lay = P.lay;
+    const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
+    const size_t vo = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 1, x.t0);
+#pragma unroll
+    for (int i = t; i < TT * 4; i += nt) { // TT rows x 64 B per plane, 16 B a copy
+        cp_async16(raw + R::KU + 16 * i, P.upper + ko + 16 * i);
+        cp_async16(raw + R::VU + 16 * i, P.upper + vo + 16 * i);
+        cp_async16(raw + R::KL + 16 * i, P.lower + ko + 16 * i);
+        cp_async16(raw + R::VL + 16 * i, P.lower + vo + 16 * i);
+    }
+    constexpr int NV = TT / 8; // 16-byte copies of a V step or zero row
+    if (t < 32 + 2 * NV) {
+        const uint8_t *sc = P.scales;
+        const size_t es = sizeof(T);
+        if (t < 16)
+            cp_async16(raw + R::KS + 16 * t,
+                       sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_SCALE) * es + 16 * t);
+        else if (t < 32)
+            cp_async16(raw + R::KZ + 16 * (t - 16),
+                       sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_ZERO) * es + 16 * (t - 16));
+        else if (t < 32 + NV)
+            cp_async16(raw + R::VS + 16 * (t - 32),
+                       sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_SCALE) + x.t0) * es +
+                           16 * (t - 32));
+        else
+            cp_async16(raw + R::VZ + 16 * (t - 32 - NV),
+                       sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_ZERO) + x.t0) * es +
+                           16 * (t - 32 - NV));
+    }
+}
+// Word j (channels 8j..8j+7) of token row r of a raw tile as 8 f16 codes
+// each of K and V (C * 2^-24, C = 16U + Lstored). Byte b of a word pair:
+// even channel 8j + 2b, odd 8j + 2b + 1. V keeps channel order (its
+// channels are the accumulators' columns, shared with FP tiles); K's chunk
+// holds the even channels, then the odd ones, which pf_build_a mirrors.
+template <int TT> __device__ __forceinline__ void pf_codes(const uint8_t *raw, int r, int j, uint4 &wk, uint4 &wv) {
+    using R = pf_raw<TT>;
+    const uint32_t ku = *(const uint32_t *)(raw + R::KU + r * 64 + 4 * j);
+    const uint32_t kl = *(const uint32_t *)(raw + R::KL + r * 64 + 4 * j);
+    const uint32_t vu = *(const uint32_t *)(raw + R::VU + r * 64 + 4 * j);
+    const uint32_t vl = *(const uint32_t *)(raw + R::VL + r * 64 + 4 * j);
+    const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
+    wk = make_uint4(prmt(ke, 0u, 0x4140), prmt(ke, 0u, 0x4342), prmt(ko, 0u, 0x4140), prmt(ko, 0u, 0x4342));
+    const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
+    const uint32_t x0 = prmt(ve, vo, 0x5140), x1 = prmt(ve, vo, 0x7362);
+    wv = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140), prmt(x1, 0u, 0x4342));
+}
 
 // One prefill CTA's work (both prefill kernels): sequence blockIdx.z, kv
 // head and m-tile of MT query vectors from blockIdx.y, chunk blockIdx.x of
@@ -293,31 +350,7 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
                 cp_async16(sb + PF_TT * 256 + pf_sw(r, j), vg + 16 * i);
             }
         } else if (QUANT) {
-            const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
-            const size_t vo = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 1, x.t0);
-            cp_async16(sb + PR_KU + 16 * tid, P.upper + ko + 16 * tid); // 128 x 16 B = 32 rows x 64 B
-            cp_async16(sb + PR_VU + 16 * tid, P.upper + vo + 16 * tid);
-            cp_async16(sb + PR_KL + 16 * tid, P.lower + ko + 16 * tid);
-            cp_async16(sb + PR_VL + 16 * tid, P.lower + vo + 16 * tid);
-            if (tid < 40) {
-                const uint8_t *sc = P.scales;
-                const size_t es = sizeof(T);
-                if (tid < 16)
-                    cp_async16(sb + PR_KS + 16 * tid,
-                               sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_SCALE) * es + 16 * tid);
-                else if (tid < 32)
-                    cp_async16(sb + PR_KZ + 16 * (tid - 16),
-                               sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_ZERO) * es +
-                                   16 * (tid - 16));
-                else if (tid < 36)
-                    cp_async16(sb + PR_VS + 16 * (tid - 32),
-                               sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_SCALE) + x.t0) * es +
-                                   16 * (tid - 32));
-                else
-                    cp_async16(sb + PR_VZ + 16 * (tid - 36),
-                               sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_ZERO) + x.t0) * es +
-                                   16 * (tid - 36));
-            }
+            pf_copy_raw<T, PF_TT>(P, x, kvh, sb, tid, PF_NT);
         }
     };
 
@@ -404,34 +437,22 @@ __global__ void __launch_bounds__(PF_NT, 2) pa_prefill_kernel(const pa_kp P) {
             for (int k = 0; k < 4; k++) {
                 const int r = r0 + 8 * k;
                 uint4 wk = make_uint4(0u, 0u, 0u, 0u), wv = wk;
-                if (r < x.tl) {
-                    const uint32_t ku = *(const uint32_t *)(sb + PR_KU + r * 64 + 4 * j);
-                    const uint32_t kl = *(const uint32_t *)(sb + PR_KL + r * 64 + 4 * j);
-                    const uint32_t vu = *(const uint32_t *)(sb + PR_VU + r * 64 + 4 * j);
-                    const uint32_t vl = *(const uint32_t *)(sb + PR_VL + r * 64 + 4 * j);
-                    const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
-                    wk = make_uint4(prmt(ke, 0u, 0x4140), prmt(ke, 0u, 0x4342), prmt(ko, 0u, 0x4140),
-                                    prmt(ko, 0u, 0x4342));
-                    const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
-                    const uint32_t x0 = prmt(ve, vo, 0x5140), x1 = prmt(ve, vo, 0x7362);
-                    wv = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
-                                    prmt(x1, 0u, 0x4342));
-                }
+                if (r < x.tl) pf_codes<PF_TT>(sb, r, j, wk, wv);
                 *(uint4 *)(smem + PF_KC_OFF + r * 256 + swz) = wk;
                 *(uint4 *)(smem + PF_VC_OFF + r * 256 + swz) = wv;
             }
             float *ks = (float *)(smem + PF_KS_OFF), *vs = (float *)(smem + PF_VS_OFF);
             if (x.t0 == 0 || it == 0) { // the block's K step and zero' = zero - step/2 (C8 = C - 8, the step is S/16)
-                const float s = t2_f2<T>(*(const uint16_t *)(sb + PR_KS + 2 * tid)).x;
-                const float z = t2_f2<T>(*(const uint16_t *)(sb + PR_KZ + 2 * tid)).x;
+                const float s = t2_f2<T>(*(const uint16_t *)(sb + PR::KS + 2 * tid)).x;
+                const float z = t2_f2<T>(*(const uint16_t *)(sb + PR::KZ + 2 * tid)).x;
                 ks[tid] = s;
                 ks[128 + tid] = fmaf(-0.5f, s, z);
             }
             if (tid < PF_TT) {
                 float s = 0.0f, z = 0.0f;
                 if (tid < x.tl) {
-                    s = t2_f2<T>(*(const uint16_t *)(sb + PR_VS + 2 * tid)).x;
-                    z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(sb + PR_VZ + 2 * tid)).x);
+                    s = t2_f2<T>(*(const uint16_t *)(sb + PR::VS + 2 * tid)).x;
+                    z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(sb + PR::VZ + 2 * tid)).x);
                 }
                 vs[tid] = s;
                 vs[PF_TT + tid] = z;

@@ -46,10 +46,7 @@
 constexpr int PW_MT = 128;           // query vectors per CTA (two consumer warpgroups)
 constexpr int PW_TT = 64;            // tokens per tile
 constexpr int PW_TILE = PW_TT * 256; // one f16 [64 tok][128 ch] tile
-// Raw quantized tile: K upper, V upper, K lower, V lower planes [64][64];
-// K step[128], K zero[128], V step[64], V zero[64] (16-bit).
-constexpr int PWR_KU = 0, PWR_VU = 4096, PWR_KL = 8192, PWR_VL = 12288;
-constexpr int PWR_KS = 16384, PWR_KZ = PWR_KS + 256, PWR_VS = PWR_KZ + 256, PWR_VZ = PWR_VS + 128;
+using PWR = pf_raw<PW_TT>; // a raw quantized tile
 
 // Byte offset of 16-byte chunk j (0..15) of token row r in a swizzled tile.
 __device__ __forceinline__ int pw_sw(int r, int j) {
@@ -119,10 +116,10 @@ static_assert(128 * PS_PREG + 256 * PS_CREG <= PS_NT * 168, "setmaxnreg within t
 // Shared memory (from a 1024-byte aligned base): PS_NS slots, then q *
 // scale * log2(e) as f32 [128][PF_QLD], then the full and empty mbarriers.
 // Slot: the staged tile (K, V f16 swizzled), the raw quantized planes and
-// 16-bit scales (PWR_*), the f32 K step / zero' [128] each and V step /
+// 16-bit scales (pf_raw), the f32 K step / zero' [128] each and V step /
 // zero' [64] each.
 constexpr int PS_RAW = PW_TILE * 2;
-constexpr int PS_F32 = PS_RAW + PWR_VZ + 128;
+constexpr int PS_F32 = PS_RAW + PWR::BYTES;
 constexpr int PS_SLOT = (PS_F32 + 2 * 128 * 4 + 2 * PW_TT * 4 + 1023) & ~1023;
 constexpr int PS_Q_OFF = PS_NS * PS_SLOT;
 constexpr int PS_BAR_OFF = PS_Q_OFF + PW_MT * PF_QLD * 4;
@@ -196,35 +193,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                     }
                 }
             } else if (QUANT) {
-                uint8_t *rw = sl + PS_RAW;
-                const size_t ko = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 0, x.t0);
-                const size_t vo = nb_kv_plane_offset(&lay, P.layer, x.block, kvh, 1, x.t0);
-#pragma unroll
-                for (int i = pt; i < 256; i += 128) { // 256 x 16 B = 64 rows x 64 B per plane
-                    cp_async16(rw + PWR_KU + 16 * i, P.upper + ko + 16 * i);
-                    cp_async16(rw + PWR_VU + 16 * i, P.upper + vo + 16 * i);
-                    cp_async16(rw + PWR_KL + 16 * i, P.lower + ko + 16 * i);
-                    cp_async16(rw + PWR_VL + 16 * i, P.lower + vo + 16 * i);
-                }
-                if (pt < 48) {
-                    const uint8_t *sc = P.scales;
-                    const size_t es = sizeof(T);
-                    if (pt < 16)
-                        cp_async16(rw + PWR_KS + 16 * pt,
-                                   sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_SCALE) * es + 16 * pt);
-                    else if (pt < 32)
-                        cp_async16(rw + PWR_KZ + 16 * (pt - 16),
-                                   sc + nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_K_ZERO) * es +
-                                       16 * (pt - 16));
-                    else if (pt < 40)
-                        cp_async16(rw + PWR_VS + 16 * (pt - 32),
-                                   sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_SCALE) + x.t0) * es +
-                                       16 * (pt - 32));
-                    else
-                        cp_async16(rw + PWR_VZ + 16 * (pt - 40),
-                                   sc + (nb_kv_scales_offset(&lay, P.layer, x.block, kvh, NB_KV_V_ZERO) + x.t0) * es +
-                                       16 * (pt - 40));
-                }
+                pf_copy_raw<T, PW_TT>(P, x, kvh, sl + PS_RAW, pt, 128);
             }
         };
 #pragma unroll 1
@@ -267,34 +236,22 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 for (int k8 = 0; k8 < 8; k8++) {
                     const int r = r0 + 8 * k8;
                     uint4 wk = make_uint4(0u, 0u, 0u, 0u), wv = wk;
-                    if (r < x.tl) {
-                        const uint32_t ku = *(const uint32_t *)(rw + PWR_KU + r * 64 + 4 * j);
-                        const uint32_t kl = *(const uint32_t *)(rw + PWR_KL + r * 64 + 4 * j);
-                        const uint32_t vu = *(const uint32_t *)(rw + PWR_VU + r * 64 + 4 * j);
-                        const uint32_t vl = *(const uint32_t *)(rw + PWR_VL + r * 64 + 4 * j);
-                        const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
-                        wk = make_uint4(prmt(ke, 0u, 0x4140), prmt(ke, 0u, 0x4342), prmt(ko, 0u, 0x4140),
-                                        prmt(ko, 0u, 0x4342));
-                        const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
-                        const uint32_t x0 = prmt(ve, vo, 0x5140), x1 = prmt(ve, vo, 0x7362);
-                        wv = make_uint4(prmt(x0, 0u, 0x4140), prmt(x0, 0u, 0x4342), prmt(x1, 0u, 0x4140),
-                                        prmt(x1, 0u, 0x4342));
-                    }
+                    if (r < x.tl) pf_codes<PW_TT>(rw, r, j, wk, wv);
                     *(uint4 *)(sl + pw_sw(r, j)) = wk;
                     *(uint4 *)(sl + PW_TILE + pw_sw(r, j)) = wv;
                 }
                 float *f = (float *)(sl + PS_F32); // K step [128], zero' [128], V step [64], zero' [64]
                 {
-                    const float s = t2_f2<T>(*(const uint16_t *)(rw + PWR_KS + 2 * pt)).x;
-                    const float z = t2_f2<T>(*(const uint16_t *)(rw + PWR_KZ + 2 * pt)).x;
+                    const float s = t2_f2<T>(*(const uint16_t *)(rw + PWR::KS + 2 * pt)).x;
+                    const float z = t2_f2<T>(*(const uint16_t *)(rw + PWR::KZ + 2 * pt)).x;
                     f[pt] = s;
                     f[128 + pt] = fmaf(-0.5f, s, z);
                 }
                 if (pt < PW_TT) {
                     float s = 0.0f, z = 0.0f;
                     if (pt < x.tl) {
-                        s = t2_f2<T>(*(const uint16_t *)(rw + PWR_VS + 2 * pt)).x;
-                        z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(rw + PWR_VZ + 2 * pt)).x);
+                        s = t2_f2<T>(*(const uint16_t *)(rw + PWR::VS + 2 * pt)).x;
+                        z = fmaf(-0.5f, s, t2_f2<T>(*(const uint16_t *)(rw + PWR::VZ + 2 * pt)).x);
                     }
                     f[256 + pt] = s;
                     f[256 + PW_TT + pt] = z;
