@@ -1507,48 +1507,34 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
     }
 }
 
-// The tensor-core prefill kernel: two CTAs of 4 warps per SM, 64 query
-// vectors each; split-K over whole blocks (as the chunk kernel's launcher)
-// when the (sequence, kv head, m-tile) CTAs do not fill one wave.
-template <typename T, int MODE> nb_status pf_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-    void (*kern)(const pa_kp) = pa_prefill_kernel<T, MODE>;
+// The tensor-core prefill kernels, split-K over whole blocks (as the chunk
+// kernel's launcher) when the (sequence, kv head, m-tile) CTAs do not fill
+// one wave. WG: the warpgroup kernel, one CTA per SM (a producer and two
+// consumer warpgroups), 128 query vectors; else the mma.sync kernel, two
+// CTAs of 4 warps per SM, 64 query vectors each.
+template <typename T, int MODE, bool WG> nb_status pf_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    void (*kern)(const pa_kp) = WG ? pa_prefill_wg_kernel<T, MODE> : pa_prefill_kernel<T, MODE>;
+    constexpr int SMEM = WG ? PS_SMEM : PF_SMEM, NTH = WG ? PS_NT : PF_NT, MT = WG ? PW_MT : PF_MT, CPS = WG ? 1 : 2;
     static kern_dev kd;
-    if (kern_prepare(kd, kern, PF_SMEM) != NB_OK) return NB_ERR_BACKEND;
+    if (kern_prepare(kd, kern, SMEM) != NB_OK) return NB_ERR_BACKEND;
     const long M_max = (long)a->max_rows * kp.g;
-    kp.pl.n_mtiles = (int)((M_max + PF_MT - 1) / PF_MT);
+    kp.pl.n_mtiles = (int)((M_max + MT - 1) / MT);
     if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
     const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms * 2);
+    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms * CPS);
     const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
     if (st != NB_OK) return st;
     dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
-    kern<<<grid, PF_NT, PF_SMEM, stream>>>(kp);
+    kern<<<grid, NTH, SMEM, stream>>>(kp);
     if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
     if (kp.n_chunks > 1) {
         if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
     }
     return NB_OK;
 }
-// The warpgroup prefill kernel: one CTA per SM (a producer and two
-// consumer warpgroups), 128 query vectors; split-K as pf_launch's, for one wave.
-template <typename T, int MODE> nb_status pw_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-    void (*kern)(const pa_kp) = pa_prefill_wg_kernel<T, MODE>;
-    static kern_dev kd;
-    if (kern_prepare(kd, kern, PS_SMEM) != NB_OK) return NB_ERR_BACKEND;
-    const long M_max = (long)a->max_rows * kp.g;
-    kp.pl.n_mtiles = (int)((M_max + PW_MT - 1) / PW_MT);
-    if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
-    const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms);
-    const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
-    if (st != NB_OK) return st;
-    dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
-    kern<<<grid, PS_NT, PS_SMEM, stream>>>(kp);
-    if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
-    if (kp.n_chunks > 1) {
-        if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
-    }
-    return NB_OK;
+template <typename T, bool WG> nb_status pf_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    return a->mode == NB_PA_TARGET ? pf_launch<T, NB_PA_TARGET, WG>(kp, a, stream)
+                                   : pf_launch<T, NB_PA_FP_ONLY, WG>(kp, a, stream);
 }
 // Calls of more than 8 query vectors per kv head (prefill chunks; verify
 // entries outside step mode) at D = 128 on f16/bf16 caches take a
@@ -1806,20 +1792,11 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return dec_by_m<64, __nv_bfloat16>(kp, a, (int)M_max, stream);
     }
     if (use_pf(a, aligned)) {
-        const bool h = a->lay.dtype == NB_DTYPE_F16;
         const char *e = getenv("NB_PA_PF");
-        if (G % PW_TT == 0 && !(e && e[0] == '1')) {
-            if (a->mode == NB_PA_TARGET)
-                return h ? pw_launch<__half, NB_PA_TARGET>(kp, a, stream)
-                         : pw_launch<__nv_bfloat16, NB_PA_TARGET>(kp, a, stream);
-            return h ? pw_launch<__half, NB_PA_FP_ONLY>(kp, a, stream)
-                     : pw_launch<__nv_bfloat16, NB_PA_FP_ONLY>(kp, a, stream);
-        }
-        if (a->mode == NB_PA_TARGET)
-            return h ? pf_launch<__half, NB_PA_TARGET>(kp, a, stream)
-                     : pf_launch<__nv_bfloat16, NB_PA_TARGET>(kp, a, stream);
-        return h ? pf_launch<__half, NB_PA_FP_ONLY>(kp, a, stream)
-                 : pf_launch<__nv_bfloat16, NB_PA_FP_ONLY>(kp, a, stream);
+        const bool wg = G % PW_TT == 0 && !(e && e[0] == '1');
+        if (a->lay.dtype == NB_DTYPE_F16)
+            return wg ? pf_by_mode<__half, true>(kp, a, stream) : pf_by_mode<__half, false>(kp, a, stream);
+        return wg ? pf_by_mode<__nv_bfloat16, true>(kp, a, stream) : pf_by_mode<__nv_bfloat16, false>(kp, a, stream);
     }
     if (fast && D == 128 && a->lay.dtype == NB_DTYPE_F16) return by_mode<128, __half>(kp, a, (int)M_max, stream);
     if (fast && D == 128) return by_mode<128, __nv_bfloat16>(kp, a, (int)M_max, stream);

@@ -126,21 +126,6 @@ constexpr int PS_BAR_OFF = PS_Q_OFF + PW_MT * PF_QLD * 4;
 constexpr int PS_SMEM = PS_BAR_OFF + 2 * PS_NS * 8 + 1024; // + alignment slack
 static_assert(PS_SMEM <= 227 * 1024, "one CTA per SM");
 
-
-__device__ __forceinline__ void ps_mbar_init(uint64_t *b, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(s_u32(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void ps_mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(s_u32(b)) : "memory");
-}
-__device__ __forceinline__ void ps_mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n .reg .pred P1;\n PS_WAIT:\n"
-                 " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-                 " @P1 bra PS_DONE;\n bra PS_WAIT;\n PS_DONE:\n}\n" ::"r"(s_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
-
 template <typename T, int MODE>
 __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) {
     constexpr bool QUANT = MODE == NB_PA_TARGET;
@@ -161,8 +146,8 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
     uint64_t *full = (uint64_t *)(smem + PS_BAR_OFF), *empty = full + PS_NS;
     if (tid == 0) {
         for (int s = 0; s < PS_NS; s++) {
-            ps_mbar_init(full + s, 128);        // every producer thread
-            ps_mbar_init(empty + s, 4 * n_cwg); // every warp of the active consumer warpgroups
+            mbar_init(full + s, 128);        // every producer thread
+            mbar_init(empty + s, 4 * n_cwg); // every warp of the active consumer warpgroups
         }
     }
     float *qs = (float *)(smem + PS_Q_OFF);
@@ -203,7 +188,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 cp_commit();
             }
             if (k + 1 < n_tiles) { // tile k+1's copies fly while tile k is staged
-                if (k + 1 >= PS_NS) ps_mbar_wait(empty + (k + 1) % PS_NS, (((k + 1) / PS_NS) - 1) & 1);
+                if (k + 1 >= PS_NS) mbar_wait(empty + (k + 1) % PS_NS, (((k + 1) / PS_NS) - 1) & 1);
                 issue(k + 1);
             }
             cp_commit();
@@ -258,7 +243,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 }
             }
             fence_async_smem(); // the slot's tiles are read next by the tensor cores
-            ps_mbar_arrive(full + k % PS_NS);
+            mbar_arrive(full + k % PS_NS);
         }
         cp_wait<0>();
         return;
@@ -294,7 +279,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
     auto build_a = [&](bool fold, const float *ks) { pf_build_a(qs, ks, wm0, lane, fold, ah, al, qz); };
     auto release = [&](int s) { // this warp is done with slot s
         __syncwarp();
-        if (lane == 0) ps_mbar_arrive(empty + s);
+        if (lane == 0) mbar_arrive(empty + s);
     };
 
 #pragma unroll 1
@@ -303,7 +288,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         const int s = it % PS_NS;
         // Even a tile this warpgroup skips is waited for before it is
         // released, so no warp's arrival can run a phase ahead.
-        ps_mbar_wait(full + s, (it / PS_NS) & 1);
+        mbar_wait(full + s, (it / PS_NS) & 1);
         if (x.tl <= 0 || x.pos > wg_pmax) { // nothing of this tile for this warpgroup
             release(s);
             continue;

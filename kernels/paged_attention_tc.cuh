@@ -184,8 +184,13 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x) {
     return y;
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t *b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(s_u32(b)) : "memory");
+// An mbarrier whose phases complete after `count` arrivals.
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(s_u32(b)), "r"(count) : "memory");
+}
+// Arrives once (release: this thread's earlier writes are seen by the waiters).
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(s_u32(b)) : "memory");
 }
 // Arrives once and expects `bytes` of bulk copies (0: the phase completes now).
 __device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
