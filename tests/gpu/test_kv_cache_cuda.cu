@@ -404,8 +404,11 @@ static int row_nq(int G, nb_pa_mode mode, const seq_case *s, int pos) {
 static const int PF_CASES[8][2] = {{300, 300}, {1000, 200}, {700, 64}, {150, 17},
                                    {1100, 333}, {517, 2}, {900, 129}, {97, 97}};
 
+// big_v: every fourth quantized block's V zeros near 40000 (values within
+// f16's range, but |Z| + 16 S past the warpgroup prefill kernel's bound for
+// its unclamped dequantization: its clamping path runs).
 static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode, int prequant,
-                           int max_chunks, int inv_groups = 0, const int (*pf)[2] = NULL) {
+                           int max_chunks, int inv_groups = 0, const int (*pf)[2] = NULL, bool big_v = false) {
     const int Hkv = 2, Hq = Hkv * ratio, layer = 1;
     int lens[] = {1, G - 1, G, G + 1, 2 * G + 3, 1000, 3 * G + 5, 4 * G + 9};
     int rows_opt[] = {1, 16, 3, 8, 2, 16, 8, 13};
@@ -464,6 +467,9 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
                         // kernel's f16 fold must give way to its scalar one
                         if (dt == NB_DTYPE_BF16 && part == 0 && k % 3 == 1 && len > 5)
                             nb_store_f32(p.h.scales, dt, at + 5, 1.1e-6f);
+                        if (big_v && part == 3 && k % 4 == 2)
+                            for (int c = 0; c < len; c++)
+                                nb_store_f32(p.h.scales, dt, at + c, 40000.0f + 100.0f * rnd_unit());
                     }
                 }
         }
@@ -521,11 +527,11 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
         row += cs[i].rows;
     }
     const char *mname = mode == NB_PA_DRAFT ? "draft" : mode == NB_PA_TARGET ? "target" : "fp-only";
-    printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s prequant=%d chunks<=%-2d: %d seqs%s, "
+    printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s prequant=%d chunks<=%-2d: %d seqs%s%s, "
            "max |err| %.2e%s\n",
            bad ? "FAIL" : "ok  ", nb_dtype_name(dt), D, G, ratio, mname, n_pq, max_chunks, n,
            pf ? (pf_wg ? " (prefill, warpgroup MMA)" : pf_path ? " (prefill, mma.sync)" : " (prefill, scalar)") : "",
-           worst,
+           big_v ? " (V zeros near 40000)" : "", worst,
            st != NB_OK ? " (launch failed)" : "");
     if (bad) g_fail++;
 
@@ -872,6 +878,7 @@ int main(void) {
                     test_attention(dts[a], 128, 96, 2, modes[md], 1, 1, 0, PF_CASES);
                     test_attention(dts[a], 128, 32, 8, modes[md], a, 64, 0, PF_CASES);
                 }
+                if (modes[md] == NB_PA_TARGET) test_attention(dts[a], 128, 128, 4, modes[md], 1, 64, 0, PF_CASES, true);
             }
         unsetenv("NB_PA_PF");
     }
