@@ -28,11 +28,13 @@
 // NB_PA_TC=0 / 1 in the environment forces the scalar /
 // tensor-core kernel where both apply. More query vectors (prefill chunks)
 // at D = 128, G % 32 == 0, f16/bf16, target or FP-only view: a
-// tensor-core prefill kernel, the same code-domain folds: where G % 64 == 0
-// warpgroup MMAs with a producer warpgroup (paged_attention_prefill_wg.cuh),
-// else FlashAttention-2 tiles on mma.sync (paged_attention_prefill.cuh;
-// NB_PA_PF=1 forces it, NB_PA_PF=0 the scalar one). Everything else (the draft view with many rows, other D / G,
-// f32): the cp.async tile kernel.
+// tensor-core prefill kernel: where G % 64 == 0 warpgroup MMAs with a
+// producer warpgroup, which dequantizes the target view's tiles to f16
+// values (paged_attention_prefill_wg.cuh; prefill is compute-bound there),
+// else FlashAttention-2 tiles on mma.sync with the code-domain folds
+// (paged_attention_prefill.cuh; NB_PA_PF=1 forces it, NB_PA_PF=0 the
+// scalar one). Everything else (the draft view with many rows, other D /
+// G, f32): the cp.async tile kernel.
 //
 // Which positions a query row reads quantized (nb_bm_view_qblocks_for_row,
 // replicated on the device): with canonical(p) = p >= 2G ? p/G - 1 : 0, a row
