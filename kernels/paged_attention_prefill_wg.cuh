@@ -15,8 +15,9 @@
 //     64-token tile:
 //       scores [64 q x 64 tok] = q [64 x 128] . K^T  (8 k-steps, hi + lo: 16 wgmma m64n64k16)
 //       out    [64 q x 128 ch] += P [64 x 64 tok] . V (4 wgmma m64n128k16, V N-major)
-//   - a producer warpgroup only copies (cp.async) and stages (quantized
-//     blocks dequantized to f16, bf16 -> f16) into a ring of 3 slots, then
+//   - a producer warpgroup only copies (cp.async; bulk copies for quantized
+//     tiles) and stages (quantized tiles dequantized to f16, bf16 -> f16)
+//     into a ring of 3 slots, then
 //     fence.proxy.async and an arrive on the slot's "full" mbarrier; the
 //     two consumer warpgroups wait on "full", compute, and arrive on
 //     "empty" (which the producer waits on before refilling the slot). No
