@@ -72,21 +72,29 @@ __device__ __forceinline__ uint64_t pw_desc(uint32_t saddr, uint32_t lbo, uint32
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
-// Target codes of word j of token row r (pf_raw<PW_TT> planes), channels
-// 8j..8j+7 in order, one byte each: K's in k0 (channels 0-3) and k1 (4-7),
-// V's in v0, v1.
-__device__ __forceinline__ void pw_codes(const uint8_t *raw, int r, int j, uint32_t &k0, uint32_t &k1,
-                                         uint32_t &v0, uint32_t &v1) {
-    const uint32_t ku = *(const uint32_t *)(raw + PWR::KU + r * 64 + 4 * j);
-    const uint32_t kl = *(const uint32_t *)(raw + PWR::KL + r * 64 + 4 * j);
-    const uint32_t vu = *(const uint32_t *)(raw + PWR::VU + r * 64 + 4 * j);
-    const uint32_t vl = *(const uint32_t *)(raw + PWR::VL + r * 64 + 4 * j);
-    const uint32_t ke = codes_even(ku, kl), ko = codes_odd(ku, kl);
-    const uint32_t ve = codes_even(vu, vl), vo = codes_odd(vu, vl);
-    k0 = prmt(ke, ko, 0x5140);
-    k1 = prmt(ke, ko, 0x7362);
-    v0 = prmt(ve, vo, 0x5140);
-    v1 = prmt(ve, vo, 0x7362);
+// (a & m) | (b & ~m) in one instruction (lop3 with an immediate mask; the
+// compiler otherwise spends two or three per select).
+template <uint32_t M> __device__ __forceinline__ uint32_t pw_sel(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(r) : "r"(a), "r"(b), "n"(M));
+    return r;
+}
+// The raw words of word j (channels 8j..8j+7) of token row r (pf_raw<PW_TT>
+// planes): K upper, K lower, V upper, V lower.
+__device__ __forceinline__ uint4 pw_raw(const uint8_t *raw, int r, int j) {
+    return make_uint4(*(const uint32_t *)(raw + PWR::KU + r * 64 + 4 * j),
+                      *(const uint32_t *)(raw + PWR::KL + r * 64 + 4 * j),
+                      *(const uint32_t *)(raw + PWR::VU + r * 64 + 4 * j),
+                      *(const uint32_t *)(raw + PWR::VL + r * 64 + 4 * j));
+}
+// Target codes (16U + L, 0..255) of an upper / lower plane word pair,
+// channels 8j..8j+7 in order, one byte each: channels 0-3 in c0, 4-7 in c1.
+// A plane byte holds an even channel's nibble low, the odd one's high
+// (codes_even / codes_odd).
+__device__ __forceinline__ void pw_codes(uint32_t u, uint32_t l, uint32_t &c0, uint32_t &c1) {
+    const uint32_t e = pw_sel<0xf0f0f0f0u>(u << 4, l), o = pw_sel<0xf0f0f0f0u>(u, l >> 4);
+    c0 = prmt(e, o, 0x5140);
+    c1 = prmt(e, o, 0x7362);
 }
 // Two f32 as an f16 pair (x low), saturated at +-65504.
 __device__ __forceinline__ uint32_t pw_h2(float x, float y) {
@@ -320,9 +328,28 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 }
             } else if (QUANT) {
                 const uint8_t *rw = smem + PS_RAW_OFF + (k % PS_NR) * PS_RSLOT;
-                if (k >= PS_NS) mbar_wait(empty + k % PS_NS, ((k / PS_NS) - 1) & 1); // the consumers left the slot
                 mbar_wait(rawfull + k % PS_NR, (k / PS_NR) & 1);
                 const int j = pt & 15, r0 = pt >> 4; // word j (channels 8j..8j+7) of rows r0 + 8k
+                // This thread's raw words are loaded four rows at a time
+                // (20 registers): rows 0-3 before the checks and the wait for
+                // the slot, rows 4-7 once rows 0-3 are staged. Loaded row by
+                // row, each load waited behind the previous row's stores (the
+                // compiler cannot move a shared load above a shared store).
+                // With this and the one-instruction selects of pw_codes the
+                // INT8 view ran 8-9% faster from 4k of history
+                // (docs/benchmarks.md, sessions 26-27).
+                uint4 rq[4];
+                uint32_t rv[4]; // V step | V zero << 16 of row r0 + 8 k8
+                auto load_half = [&](int h) {
+#pragma unroll
+                    for (int k8 = 0; k8 < 4; k8++) {
+                        const int r = r0 + 8 * (4 * h + k8);
+                        rq[k8] = pw_raw(rw, r, j);
+                        rv[k8] = *(const uint16_t *)(rw + PWR::VS + 2 * r) |
+                                 ((uint32_t) * (const uint16_t *)(rw + PWR::VZ + 2 * r) << 16);
+                    }
+                };
+                load_half(0);
                 uint32_t ks[4], kz[4];               // K's S/16 and Z of channel pairs, f16 pairs
                 {
                     const uint4 a = *(const uint4 *)(rw + PWR::KS + 16 * j);
@@ -353,12 +380,15 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                     constexpr bool SLOW = decltype(slow)::value; // clamp, and rows past tl
 #pragma unroll
                     for (int k8 = 0; k8 < 8; k8++) {
-                        const int r = r0 + 8 * k8;
+                        if (k8 == 4) load_half(1);
+                        const int r = r0 + 8 * k8, q8 = k8 & 3;
                         uint32_t k0, k1, v0, v1;
-                        pw_codes(rw, r, j, k0, k1, v0, v1);
-                        const uint32_t sz = *(const uint16_t *)(rw + PWR::VS + 2 * r) |
-                                            ((uint32_t) * (const uint16_t *)(rw + PWR::VZ + 2 * r) << 16);
-                        const uint32_t s2 = prmt(pw_step2<T>(sz), 0u, 0x1010), z2 = prmt(pw_h2pair<T>(sz), 0u, 0x3232);
+                        pw_codes(rq[q8].x, rq[q8].y, k0, k1);
+                        pw_codes(rq[q8].z, rq[q8].w, v0, v1);
+                        // V's S/16 (low half) and Z (high half) of this row,
+                        // broadcast by the fma's operand selectors.
+                        const __half2 sv = u2h(pw_step2<T>(rv[q8])), zv = u2h(pw_h2pair<T>(rv[q8]));
+                        const uint32_t s2 = h2u(__low2half2(sv)), z2 = h2u(__high2half2(zv));
                         uint4 wk = make_uint4(pw_deq<0, SLOW>(k0, ks[0], kz[0]), pw_deq<2, SLOW>(k0, ks[1], kz[1]),
                                               pw_deq<0, SLOW>(k1, ks[2], kz[2]), pw_deq<2, SLOW>(k1, ks[3], kz[3]));
                         uint4 wv = make_uint4(pw_deq<0, SLOW>(v0, s2, z2), pw_deq<2, SLOW>(v0, s2, z2),
@@ -368,6 +398,9 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                         *(uint4 *)(sl + PW_TILE + pw_sw(r, j)) = wv;
                     }
                 };
+                // The staged slot is written only once the consumers left it;
+                // the raw loads and the checks above ran meanwhile.
+                if (k >= PS_NS) mbar_wait(empty + k % PS_NS, ((k / PS_NS) - 1) & 1);
                 if (__all_sync(0xffffffffu, ok))
                     stage(std::false_type());
                 else
