@@ -407,10 +407,14 @@ static const int PF_CASES[8][2] = {{300, 300}, {1000, 200}, {700, 64}, {150, 17}
 // big_v: every fourth quantized block's V zeros near 40000 (values within
 // f16's range, but |Z| + 16 S past the warpgroup prefill kernel's bound for
 // its unclamped dequantization: its clamping path runs).
+// lens_opt: the 8 sequences' lengths instead of the built-in short ones
+// (at most 62 quantized blocks each: seq_case's tables).
 static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode, int prequant,
-                           int max_chunks, int inv_groups = 0, const int (*pf)[2] = NULL, bool big_v = false) {
+                           int max_chunks, int inv_groups = 0, const int (*pf)[2] = NULL, bool big_v = false,
+                           const int *lens_opt = NULL) {
     const int Hkv = 2, Hq = Hkv * ratio, layer = 1;
     int lens[] = {1, G - 1, G, G + 1, 2 * G + 3, 1000, 3 * G + 5, 4 * G + 9};
+    if (lens_opt) memcpy(lens, lens_opt, sizeof(lens));
     int rows_opt[] = {1, 16, 3, 8, 2, 16, 8, 13};
     const int n = 8;
     seq_case cs[8];
@@ -492,7 +496,9 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     size_t qn = (size_t)total_rows * Hq * D;
     float *q = (float *)malloc(qn * 4), *ref = (float *)malloc(qn * 4), *out = (float *)malloc(qn * 4);
     for (size_t i = 0; i < qn; i++) q[i] = rnd_normal();
-    float *work = (float *)malloc(sizeof(float) * 2 * 1100 * (size_t)D + 64);
+    int maxT = 1100;
+    for (int i = 0; i < n; i++) maxT = cs[i].T > maxT ? cs[i].T : maxT;
+    float *work = (float *)malloc(sizeof(float) * 2 * (size_t)(maxT + G) * D + 64);
     int row = 0;
     for (int i = 0; i < n; i++) {
         ref_seq(&p, layer, mode, &cs[i], Hq, q + (size_t)row * Hq * D, ref + (size_t)row * Hq * D, scale,
@@ -830,6 +836,20 @@ int main(void) {
                         unsetenv("NB_PA_TC");
                         k++;
                     }
+    // Longer sequences (up to 8k tokens, 62 quantized blocks: ~250 slices
+    // per kv head, so each warp of a one-chunk call walks ~20 slices and
+    // several blocks, and the draft view's two-slice tiles run), at 1, 3
+    // and 64 chunks, the draft and target views, f16 and bf16: the whole
+    // batch (the target view's rows of up to 16 x 4 query vectors on the
+    // prefill kernels) and the decode entries, as above.
+    {
+        const int long_lens[8] = {7937, 5000, 1, 8000, 129, 6143, 300, 4097};
+        const int chunk_opts[3] = {1, 3, 64};
+        for (int md = 0; md < 2; md++)
+            for (int c = 0; c < 3; c++)
+                test_attention(c == 1 ? NB_DTYPE_BF16 : NB_DTYPE_F16, 128, 128, 4, modes[md], c != 2, chunk_opts[c], 0,
+                               NULL, false, long_lens);
+    }
     // f32 cache, odd head dims and group sizes: the generic paths.
     test_attention(NB_DTYPE_F32, 64, 64, 2, NB_PA_TARGET, 1, 64);
     test_attention(NB_DTYPE_F32, 8, 64, 4, NB_PA_FP_ONLY, 0, 64);
