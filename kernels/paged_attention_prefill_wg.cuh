@@ -72,13 +72,6 @@ __device__ __forceinline__ uint64_t pw_desc(uint32_t saddr, uint32_t lbo, uint32
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
-// (a & m) | (b & ~m) in one instruction (lop3 with an immediate mask; the
-// compiler otherwise spends two or three per select).
-template <uint32_t M> __device__ __forceinline__ uint32_t pw_sel(uint32_t a, uint32_t b) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(r) : "r"(a), "r"(b), "n"(M));
-    return r;
-}
 // The raw words of word j (channels 8j..8j+7) of token row r (pf_raw<PW_TT>
 // planes): K upper, K lower, V upper, V lower.
 __device__ __forceinline__ uint4 pw_raw(const uint8_t *raw, int r, int j) {
@@ -89,10 +82,8 @@ __device__ __forceinline__ uint4 pw_raw(const uint8_t *raw, int r, int j) {
 }
 // Target codes (16U + L, 0..255) of an upper / lower plane word pair,
 // channels 8j..8j+7 in order, one byte each: channels 0-3 in c0, 4-7 in c1.
-// A plane byte holds an even channel's nibble low, the odd one's high
-// (codes_even / codes_odd).
 __device__ __forceinline__ void pw_codes(uint32_t u, uint32_t l, uint32_t &c0, uint32_t &c1) {
-    const uint32_t e = pw_sel<0xf0f0f0f0u>(u << 4, l), o = pw_sel<0xf0f0f0f0u>(u, l >> 4);
+    const uint32_t e = codes_even(u, l), o = codes_odd(u, l);
     c0 = prmt(e, o, 0x5140);
     c1 = prmt(e, o, 0x7362);
 }
@@ -335,7 +326,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                 // the slot, rows 4-7 once rows 0-3 are staged. Loaded row by
                 // row, each load waited behind the previous row's stores (the
                 // compiler cannot move a shared load above a shared store).
-                // With this and the one-instruction selects of pw_codes the
+                // With this and one-instruction selects (codes_even/odd) the
                 // INT8 view ran 8-9% faster from 4k of history
                 // (docs/benchmarks.md, sessions 26-27).
                 uint4 rq[4];

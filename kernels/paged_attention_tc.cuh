@@ -259,14 +259,18 @@ __device__ __forceinline__ uint32_t bf2_h2_exact(uint32_t w, bool &ok) {
     return h2u(h);
 }
 
+// (a & M) | (b & ~M) in one instruction (lop3 with an immediate mask; the
+// compiler otherwise spends two or three per select).
+template <uint32_t M> __device__ __forceinline__ uint32_t sel_bits(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(r) : "r"(a), "r"(b), "n"(M));
+    return r;
+}
 // Codes 16U + Lstored (= C8 + 8, 0..255) of the even / odd channels of a word
-// pair of both planes, one byte each.
-__device__ __forceinline__ uint32_t codes_even(uint32_t u, uint32_t l) {
-    return ((u & 0x0f0f0f0fu) << 4) | (l & 0x0f0f0f0fu);
-}
-__device__ __forceinline__ uint32_t codes_odd(uint32_t u, uint32_t l) {
-    return (u & 0xf0f0f0f0u) | ((l >> 4) & 0x0f0f0f0fu);
-}
+// pair of both planes, one byte each (a plane byte holds an even channel's
+// nibble low, the odd one's high).
+__device__ __forceinline__ uint32_t codes_even(uint32_t u, uint32_t l) { return sel_bits<0xf0f0f0f0u>(u << 4, l); }
+__device__ __forceinline__ uint32_t codes_odd(uint32_t u, uint32_t l) { return sel_bits<0xf0f0f0f0u>(u, l >> 4); }
 
 // Target K: the codes of word pair (u, l) (channels c0..c7) as f16
 // subnormals (code * 2^-24): (c0,c2), (c4,c6), (c1,c3), (c5,c7).
