@@ -18,6 +18,10 @@ if(NIBBLER_HAVE_CUDA AND TARGET nb_kernels_cuda)
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_bad_args.sh $<TARGET_FILE:bench_attention_cuda>)
   set_tests_properties(bench_attention_cuda_args PROPERTIES TIMEOUT 120)
 
+  # A diagnostic: per-SM streaming rates of three copy mechanisms (not a test).
+  add_executable(probe_sm_rates ${CMAKE_CURRENT_SOURCE_DIR}/bench/probe_sm_rates.cu)
+  target_link_libraries(probe_sm_rates PRIVATE CUDA::cudart)
+
   add_executable(bench_prefill_attention ${CMAKE_CURRENT_SOURCE_DIR}/bench/bench_prefill_attention.cu)
   target_link_libraries(bench_prefill_attention PRIVATE nb_kernels_cuda CUDA::cudart)
   add_test(NAME bench_prefill_attention_args

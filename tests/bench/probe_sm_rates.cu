@@ -1,0 +1,207 @@
+// probe_sm_rates: how fast each SM streams from HBM when every SM streams
+// at once, for three ways of moving bytes (a diagnostic for the decode
+// attention kernel's per-SM spread; docs/benchmarks.md, session 28).
+//
+// Each CTA (one per SM: its shared memory allows no second) reads its own
+// 1,024 pieces of 4 KB at random 4 KB-aligned places of a 2 GB buffer (no
+// piece read twice in a pass), as a paged KV cache is read. 12 warps, each
+// with a ring of two 8 KB slots, stream the CTA's pieces (warp w: pieces w,
+// w + 12, ...):
+//   mode 0 (ldg): 16-byte loads into registers, eight in flight a lane;
+//   mode 1 (ldgsts): 16-byte cp.async into the ring, completion tracked by
+//     the slot's mbarrier (cp.async.mbarrier.arrive.noinc, 32 arrivals);
+//   mode 2 (bulk): cp.async.bulk of whole 4 KB pieces on the copy engine,
+//     completion by the mbarrier's transaction count (what the tensor-core
+//     decode kernel does).
+// Prints per mode and grid (132 CTAs, and 128 as the decode kernel's
+// batch-8 Llama-3 calls launch): the aggregate rate (bytes over the
+// kernel's event time), the spread of the CTAs' times (min / median /
+// max), and the SMs of the fastest eighth. Exits 77 without a GPU.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+constexpr int NW = 12, NT = NW * 32, PIECE = 4096, PER_CTA = 1024, SLOT = 2 * PIECE, NSLOT = 2;
+
+__device__ __forceinline__ uint32_t su(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_init(uint64_t *b, uint32_t c) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(su(b)), "r"(c) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t *b, uint32_t par) {
+    asm volatile("{\n .reg .pred P1;\n W1:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 " @P1 bra D1;\n bra W1;\n D1:\n}\n" ::"r"(su(b)),
+                 "r"(par)
+                 : "memory");
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_t *pieces, unsigned long long *rec,
+                                               uint32_t *sink) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    uint64_t *bars = (uint64_t *)sm;
+    uint8_t *ring = sm + 1024;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint64_t *wb = bars + warp * NSLOT;
+    uint8_t *wr = ring + (size_t)warp * NSLOT * SLOT;
+    const uint32_t *pc = pieces + (size_t)blockIdx.x * PER_CTA;
+    if (lane == 0)
+        for (int s = 0; s < NSLOT; s++) bar_init(wb + s, MODE == 1 ? 32 : 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    uint32_t acc = 0;
+    const int nmine = (PER_CTA - warp + NW - 1) / NW; // pieces of this warp
+    const int nsteps = (nmine + 1) / 2;                // two pieces a slot
+    auto issue = [&](int step, int slot) {
+        uint8_t *dst = wr + slot * SLOT;
+        if (MODE == 2 && lane == 0) {
+            const int n = (2 * step + 1 < nmine) ? 2 : 1;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(su(wb + slot)),
+                         "r"(n * PIECE)
+                         : "memory");
+        }
+        for (int h = 0; h < 2; h++) {
+            const int k = 2 * step + h;
+            if (k >= nmine) continue;
+            const uint8_t *src = buf + (size_t)pc[warp + k * NW] * PIECE;
+            if (MODE == 1) {
+                for (int i = lane; i < PIECE / 16; i += 32)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(su(dst + h * PIECE + 16 * i)),
+                                 "l"(src + 16 * i)
+                                 : "memory");
+            } else if (lane == 0) {
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                                 su(dst + h * PIECE)),
+                             "l"(src), "r"(PIECE), "r"(su(wb + slot))
+                             : "memory");
+            }
+        }
+        if (MODE == 1)
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(su(wb + slot)) : "memory");
+    };
+    if (MODE == 0) {
+        for (int k = 0; k < nmine; k++) {
+            const uint4 *src = (const uint4 *)(buf + (size_t)pc[warp + k * NW] * PIECE);
+            uint4 v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = __ldcs(src + lane + 32 * i);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+        }
+    } else {
+        for (int s = 0; s < NSLOT && s < nsteps; s++) issue(s, s);
+        for (int step = 0, slot = 0, par = 0; step < nsteps; step++) {
+            bar_wait(wb + slot, par);
+            acc ^= *(const uint32_t *)(wr + slot * SLOT + 4 * lane);
+            __syncwarp();
+            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp();
+            if (step + NSLOT < nsteps) issue(step + NSLOT, slot);
+            if (++slot == NSLOT) {
+                slot = 0;
+                par ^= 1;
+            }
+        }
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned s;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        rec[2 * blockIdx.x] = s;
+        rec[2 * blockIdx.x + 1] = t1 - t0;
+    }
+}
+
+int main() {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        printf("no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int sms = prop.multiProcessorCount;
+    const size_t buf_bytes = (size_t)2 << 30, n_pieces = buf_bytes / PIECE;
+    uint8_t *buf;
+    uint32_t *dpieces, *sink;
+    unsigned long long *drec;
+    CK(cudaMalloc(&buf, buf_bytes));
+    CK(cudaMemset(buf, 0x3c, buf_bytes));
+    CK(cudaMalloc(&dpieces, sizeof(uint32_t) * sms * PER_CTA));
+    CK(cudaMalloc(&drec, sizeof(unsigned long long) * 2 * sms));
+    CK(cudaMalloc(&sink, 4));
+    std::vector<uint32_t> perm(n_pieces);
+    for (size_t i = 0; i < n_pieces; i++) perm[i] = (uint32_t)i;
+    srand(7);
+    const int smem = 1024 + NW * NSLOT * SLOT;
+    void (*kern[3])(const uint8_t *, const uint32_t *, unsigned long long *, uint32_t *) = {probe<0>, probe<1>,
+                                                                                          probe<2>};
+    for (int m = 0; m < 3; m++) CK(cudaFuncSetAttribute(kern[m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const char *names[3] = {"ldg (16 B loads to registers)", "ldgsts (16 B cp.async, mbarrier)",
+                            "bulk (4 KB cp.async.bulk, mbarrier tx)"};
+    printf("# %s, %d SMs; %d CTAs x %d pieces of %d B at random places, 12 warps x 2 slots of 8 KB\n", prop.name,
+           sms, sms, PER_CTA, PIECE);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int grids[2] = {sms, sms - 4};
+    for (int gi = 0; gi < 2; gi++)
+        for (int m = 0; m < 3; m++) {
+            const int grid = grids[gi];
+            std::vector<double> ms_all;
+            std::vector<std::vector<double>> per_sm(sms);
+            for (int pass = 0; pass < 6; pass++) {
+                // fresh random pieces each pass (no L2 reuse across passes)
+                for (size_t i = 0; i < (size_t)grid * PER_CTA; i++) std::swap(perm[i], perm[i + rand() % (n_pieces - i)]);
+                CK(cudaMemcpy(dpieces, perm.data(), sizeof(uint32_t) * grid * PER_CTA, cudaMemcpyHostToDevice));
+                CK(cudaEventRecord(e0));
+                kern[m]<<<grid, NT, smem>>>(buf, dpieces, drec, sink);
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                std::vector<unsigned long long> h(2 * grid);
+                CK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+                if (pass == 0) continue; // warm-up
+                ms_all.push_back(ms);
+                for (int c = 0; c < grid; c++)
+                    if (h[2 * c] < (unsigned long long)sms) per_sm[h[2 * c]].push_back(h[2 * c + 1] / 1000.0);
+            }
+            std::sort(ms_all.begin(), ms_all.end());
+            const double gbs = (double)grid * PER_CTA * PIECE / (ms_all[ms_all.size() / 2] * 1e-3) / 1e9;
+            std::vector<std::pair<double, int>> med;
+            for (int s = 0; s < sms; s++)
+                if (!per_sm[s].empty()) {
+                    std::sort(per_sm[s].begin(), per_sm[s].end());
+                    med.push_back({per_sm[s][per_sm[s].size() / 2], s});
+                }
+            std::sort(med.begin(), med.end());
+            printf("\n%s, %d CTAs: %.0f GB/s (kernel %.1f us median); CTA time us min %.1f / median %.1f / max %.1f "
+                   "(max/min %.2f)\n  fastest eighth (sm:us):",
+                   names[m], grid, gbs, ms_all[ms_all.size() / 2] * 1e3, med.front().first,
+                   med[med.size() / 2].first, med.back().first, med.back().first / med.front().first);
+            for (size_t i = 0; i < med.size() / 8; i++) printf(" %d:%.0f", med[i].second, med[i].first);
+            printf("\n  slowest eighth (sm:us):");
+            for (size_t i = med.size() - med.size() / 8; i < med.size(); i++)
+                printf(" %d:%.0f", med[i].second, med[i].first);
+            printf("\n");
+        }
+    return 0;
+}
