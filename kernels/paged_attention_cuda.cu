@@ -1816,7 +1816,14 @@ extern "C" int nb_pa_trace_reset(void) {
     static unsigned long long zero[TC_TRACE_MAX * 5];
     static_assert(MTRACE_MAX * 3 + 1 <= TC_TRACE_MAX * 5, "one zero buffer");
     if (cudaMemcpyToSymbol(g_pa_mtrace, zero, sizeof(g_pa_mtrace)) != cudaSuccess) return -1;
+    if (cudaMemcpyToSymbol(g_pa_wtrace, zero, sizeof(g_pa_wtrace)) != cudaSuccess) return -1;
     return cudaMemcpyToSymbol(g_pa_trace, zero, sizeof(zero)) == cudaSuccess ? 0 : -1;
+}
+// Every CTA's (latest, ~earliest) warp loop end (see TC_TRACE_WARPS).
+extern "C" int nb_pa_trace_read_warps(unsigned long long *host, int n_ctas) {
+    if (n_ctas > TC_TRACE_MAX) n_ctas = TC_TRACE_MAX;
+    return cudaMemcpyFromSymbol(host, g_pa_wtrace, sizeof(unsigned long long) * 2 * n_ctas) == cudaSuccess ? n_ctas
+                                                                                                            : -1;
 }
 // The merge kernel's CTAs (3 stamps each) and the marker, as g_pa_mtrace.
 extern "C" int nb_pa_trace_read_merge(unsigned long long *host, int n_ctas) {

@@ -96,8 +96,21 @@ __device__ __forceinline__ unsigned long long tc_now() {
             g_pa_trace[bl * 5 + 4] = sm;                                                                       \
         }                                                                                                      \
     } while (0)
+// And every warp's loop end: the earliest and the latest of the CTA's warps
+// in g_pa_wtrace[(blockIdx linear) * 2 ...] as (latest, ~earliest).
+__device__ unsigned long long g_pa_wtrace[TC_TRACE_MAX * 2];
+#define TC_TRACE_WARPS()                                                                                       \
+    do {                                                                                                       \
+        const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                  \
+        if ((threadIdx.x & 31) == 0 && bl < TC_TRACE_MAX) {                                                    \
+            const unsigned long long t = tc_now();                                                             \
+            atomicMax(&g_pa_wtrace[bl * 2], t);                                                                \
+            atomicMax(&g_pa_wtrace[bl * 2 + 1], ~t);                                                           \
+        }                                                                                                      \
+    } while (0)
 #else
 #define TC_TRACE(k) ((void)0)
+#define TC_TRACE_WARPS() ((void)0)
 #endif
 
 template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
@@ -1100,6 +1113,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     }
     if (qdom) to_values();
     TC_TRACE(2);
+    TC_TRACE_WARPS();
 
     // ---- reduce the lanes' sums, then the CTA's warps merge ----
 #pragma unroll

@@ -82,6 +82,7 @@ extern "C" int nb_pa_trace_reset(void);
 extern "C" int nb_pa_trace_read(unsigned long long *host, int n_ctas);
 extern "C" int nb_pa_trace_read_merge(unsigned long long *host, int n_ctas);
 extern "C" int nb_pa_trace_marker(cudaStream_t s);
+extern "C" int nb_pa_trace_read_warps(unsigned long long *host, int n_ctas);
 static void trace_report(void) {
     static unsigned long long tr[8192 * 5];
     const int n = nb_pa_trace_read(tr, 8192);
@@ -125,6 +126,23 @@ static void trace_report(void) {
             printf("; merge: %zu CTAs, entry %.2f/%.2f/%.2f, after wait %.2f/%.2f/%.2f, end %.2f/%.2f/%.2f", me.size(),
                    q(me, 0), q(me, 0.5), q(me, 1), q(mw, 0), q(mw, 0.5), q(mw, 1), q(mx, 0), q(mx, 0.5), q(mx, 1));
         printf("\n");
+    }
+    { // every warp's loop end: the CTA's first and last warp out
+        static unsigned long long wt[8192 * 2];
+        const int nw = nb_pa_trace_read_warps(wt, n);
+        std::vector<double> first, last, spread;
+        for (int i = 0; i < nw; i++) {
+            if (!tr[5 * i] || !wt[2 * i]) continue;
+            const double l = (wt[2 * i] - t0) * 1e-3, f = ((~wt[2 * i + 1]) - t0) * 1e-3;
+            first.push_back(f);
+            last.push_back(l);
+            spread.push_back(l - f);
+        }
+        if (!last.empty())
+            printf("  warps out of their loops: first %.2f/%.2f/%.2f; last %.2f/%.2f/%.2f; last - first in a CTA "
+                   "%.2f/%.2f/%.2f\n",
+                   q(first, 0), q(first, 0.5), q(first, 1), q(last, 0), q(last, 0.5), q(last, 1), q(spread, 0),
+                   q(spread, 0.5), q(spread, 1));
     }
     if (getenv("NB_BENCH_TRACE")[0] == '2') { // loop end per CTA: sm:us, in CTA order
         printf("  loop end by CTA (sm:us):");
