@@ -25,14 +25,7 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "../nb_cuda_check.h"
 
 constexpr int NW = 12, NT = NW * 32, PIECE = 4096, PER_CTA = 1024, SLOT = 2 * PIECE, NSLOT = 2;
 
@@ -135,31 +128,31 @@ int main() {
         return 77;
     }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     const int sms = prop.multiProcessorCount;
     const size_t buf_bytes = (size_t)2 << 30, n_pieces = buf_bytes / PIECE;
     uint8_t *buf;
     uint32_t *dpieces, *sink;
     unsigned long long *drec;
-    CK(cudaMalloc(&buf, buf_bytes));
-    CK(cudaMemset(buf, 0x3c, buf_bytes));
-    CK(cudaMalloc(&dpieces, sizeof(uint32_t) * sms * PER_CTA));
-    CK(cudaMalloc(&drec, sizeof(unsigned long long) * 2 * sms));
-    CK(cudaMalloc(&sink, 4));
+    CUDA_OK(cudaMalloc(&buf, buf_bytes));
+    CUDA_OK(cudaMemset(buf, 0x3c, buf_bytes));
+    CUDA_OK(cudaMalloc(&dpieces, sizeof(uint32_t) * sms * PER_CTA));
+    CUDA_OK(cudaMalloc(&drec, sizeof(unsigned long long) * 2 * sms));
+    CUDA_OK(cudaMalloc(&sink, 4));
     std::vector<uint32_t> perm(n_pieces);
     for (size_t i = 0; i < n_pieces; i++) perm[i] = (uint32_t)i;
     srand(7);
     const int smem = 1024 + NW * NSLOT * SLOT;
     void (*kern[3])(const uint8_t *, const uint32_t *, unsigned long long *, uint32_t *) = {probe<0>, probe<1>,
                                                                                           probe<2>};
-    for (int m = 0; m < 3; m++) CK(cudaFuncSetAttribute(kern[m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    for (int m = 0; m < 3; m++) CUDA_OK(cudaFuncSetAttribute(kern[m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const char *names[3] = {"ldg (16 B loads to registers)", "ldgsts (16 B cp.async, mbarrier)",
                             "bulk (4 KB cp.async.bulk, mbarrier tx)"};
     printf("# %s, %d SMs; %d CTAs x %d pieces of %d B at random places, 12 warps x 2 slots of 8 KB\n", prop.name,
            sms, sms, PER_CTA, PIECE);
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
     const int grids[2] = {sms, sms - 4};
     for (int gi = 0; gi < 2; gi++)
         for (int m = 0; m < 3; m++) {
@@ -169,16 +162,16 @@ int main() {
             for (int pass = 0; pass < 6; pass++) {
                 // fresh random pieces each pass (no L2 reuse across passes)
                 for (size_t i = 0; i < (size_t)grid * PER_CTA; i++) std::swap(perm[i], perm[i + rand() % (n_pieces - i)]);
-                CK(cudaMemcpy(dpieces, perm.data(), sizeof(uint32_t) * grid * PER_CTA, cudaMemcpyHostToDevice));
-                CK(cudaEventRecord(e0));
+                CUDA_OK(cudaMemcpy(dpieces, perm.data(), sizeof(uint32_t) * grid * PER_CTA, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaEventRecord(e0));
                 kern[m]<<<grid, NT, smem>>>(buf, dpieces, drec, sink);
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaGetLastError());
+                CUDA_OK(cudaEventRecord(e1));
+                CUDA_OK(cudaEventSynchronize(e1));
+                CUDA_OK(cudaGetLastError());
                 float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
+                CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
                 std::vector<unsigned long long> h(2 * grid);
-                CK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
                 if (pass == 0) continue; // warm-up
                 ms_all.push_back(ms);
                 for (int c = 0; c < grid; c++)
