@@ -583,13 +583,13 @@ __device__ __forceinline__ void mtrace(int k) {
     const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     if (threadIdx.x == 0 && bl < MTRACE_MAX) {
         unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
         g_pa_mtrace[bl * 3 + k] = t;
     }
 }
 __global__ void pa_trace_marker_kernel() {
     unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
     g_pa_mtrace[MTRACE_MAX * 3] = t;
 }
 #define MTRACE(k) mtrace(k)
@@ -1811,12 +1811,15 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
 
 #ifdef NB_PA_TRACE
 // Diagnostic builds: the tensor-core decode kernel's per-CTA timestamps of
-// the last launch (see TC_TRACE), 5 words per CTA.
+// the last launch (see TC_TRACE), TC_TRACE_W words per CTA.
 extern "C" int nb_pa_trace_reset(void) {
-    static unsigned long long zero[TC_TRACE_MAX * 5];
-    static_assert(MTRACE_MAX * 3 + 1 <= TC_TRACE_MAX * 5, "one zero buffer");
+    static unsigned long long zero[TC_TRACE_MAX * TC_TRACE_W];
+    static_assert(MTRACE_MAX * 3 + 1 <= TC_TRACE_MAX * TC_TRACE_W, "one zero buffer");
     if (cudaMemcpyToSymbol(g_pa_mtrace, zero, sizeof(g_pa_mtrace)) != cudaSuccess) return -1;
     if (cudaMemcpyToSymbol(g_pa_wtrace, zero, sizeof(g_pa_wtrace)) != cudaSuccess) return -1;
+    const char *sk = getenv("NB_PA_SKIPMERGE");
+    const int skip = sk ? atoi(sk) : 0;
+    if (cudaMemcpyToSymbol(g_pa_skip_merge, &skip, sizeof(skip)) != cudaSuccess) return -1;
     return cudaMemcpyToSymbol(g_pa_trace, zero, sizeof(zero)) == cudaSuccess ? 0 : -1;
 }
 // Every CTA's (latest, ~earliest) warp loop end (see TC_TRACE_WARPS).
@@ -1840,7 +1843,8 @@ extern "C" int nb_pa_trace_marker(cudaStream_t s) {
 }
 extern "C" int nb_pa_trace_read(unsigned long long *host, int n_ctas) {
     if (n_ctas > TC_TRACE_MAX) n_ctas = TC_TRACE_MAX;
-    return cudaMemcpyFromSymbol(host, g_pa_trace, sizeof(unsigned long long) * 5 * n_ctas) == cudaSuccess ? n_ctas
-                                                                                                           : -1;
+    return cudaMemcpyFromSymbol(host, g_pa_trace, sizeof(unsigned long long) * TC_TRACE_W * n_ctas) == cudaSuccess
+               ? n_ctas
+               : -1;
 }
 #endif

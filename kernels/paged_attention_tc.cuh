@@ -76,14 +76,21 @@ constexpr int TC_M = 8; // query vectors per kv head (MMA N)
 
 // NB_PA_TRACE (a diagnostic build, never the default): thread 0 of each CTA
 // records %globaltimer at four points (0: ranges known, 1: prologue done, 2:
-// warp 0 out of its loop, 3: partial written) and its SM in
-// g_pa_trace[(blockIdx linear) * 5 ...]; nb_pa_trace_read() copies it out.
+// warp 0 out of its loop, 3: partial written) and its SM (word 4) in
+// g_pa_trace[(blockIdx linear) * TC_TRACE_W ...]; nb_pa_trace_read() copies
+// it out. NOTE: stamps placed right after the CTA merge's first barrier
+// read EARLIER than the latest TC_TRACE_WARPS stamp of the same CTA (by
+// 1.8 us at the median, session 29), which a barrier every warp must
+// reach first does not allow: stamps next to barriers are not ordered
+// with them (the memory clobber did not change that), so the warps' loop
+// ends below are upper bounds.
 #ifdef NB_PA_TRACE
-constexpr int TC_TRACE_MAX = 8192;
-__device__ unsigned long long g_pa_trace[TC_TRACE_MAX * 5];
+constexpr int TC_TRACE_MAX = 8192, TC_TRACE_W = 5; // words per CTA
+__device__ unsigned long long g_pa_trace[TC_TRACE_MAX * TC_TRACE_W];
 __device__ __forceinline__ unsigned long long tc_now() {
     unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    // NOTE: the memory clobber keeps the stamp on its side of barriers and stores.
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
     return t;
 }
 #define TC_TRACE(k)                                                                                            \
@@ -92,13 +99,14 @@ __device__ __forceinline__ unsigned long long tc_now() {
         if (threadIdx.x == 0 && bl < TC_TRACE_MAX) {                                                           \
             unsigned sm;                                                                                       \
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                   \
-            g_pa_trace[bl * 5 + (k)] = tc_now();                                                               \
-            g_pa_trace[bl * 5 + 4] = sm;                                                                       \
+            g_pa_trace[bl * TC_TRACE_W + (k)] = tc_now();                                                      \
+            g_pa_trace[bl * TC_TRACE_W + 4] = sm;                                                              \
         }                                                                                                      \
     } while (0)
 // And every warp's loop end: the earliest and the latest of the CTA's warps
 // in g_pa_wtrace[(blockIdx linear) * 2 ...] as (latest, ~earliest).
 __device__ unsigned long long g_pa_wtrace[TC_TRACE_MAX * 2];
+__device__ int g_pa_skip_merge; // timing experiments (NB_PA_SKIPMERGE): see the kernel's end
 #define TC_TRACE_WARPS()                                                                                       \
     do {                                                                                                       \
         const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                  \
@@ -1114,6 +1122,15 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     if (qdom) to_values();
     TC_TRACE(2);
     TC_TRACE_WARPS();
+#ifdef NB_PA_TRACE
+    // Timing experiments only (wrong results): 1 = no CTA merge at all, 2 =
+    // its barriers and shared-memory stores but not its loop.
+    if (g_pa_skip_merge == 1) {
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+        if (acc[0][0][0] == 1.2345f) P.ws_o[tid] = lsum[0][0];
+        return;
+    }
+#endif
 
     // ---- reduce the lanes' sums, then the CTA's warps merge ----
 #pragma unroll
@@ -1149,6 +1166,13 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             }
     }
     __syncthreads();
+#ifdef NB_PA_TRACE
+    if (g_pa_skip_merge == 2) {
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+        TC_TRACE(3);
+        return;
+    }
+#endif
     dec_cta_merge<NW, MV, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
     TC_TRACE(3);
 }

@@ -45,6 +45,10 @@
 //   are skipped (drafts have one row). MB moved counts the cache once.
 //   --dtype: the cache's element type (default f16; the fp16 rows then
 //   read bf16 FP blocks, which the tensor-core kernel leaves to the scalar one).
+//   --table: how the block tables place a sequence's blocks in the pools.
+//   shuffled (default): every block anywhere; contig: each sequence's
+//   blocks one after the other; runs:N: runs of N consecutive blocks, the
+//   runs shuffled (N = 16 at the Llama-3 shape: 2 MB of the upper plane).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -84,18 +88,19 @@ extern "C" int nb_pa_trace_read_merge(unsigned long long *host, int n_ctas);
 extern "C" int nb_pa_trace_marker(cudaStream_t s);
 extern "C" int nb_pa_trace_read_warps(unsigned long long *host, int n_ctas);
 static void trace_report(void) {
-    static unsigned long long tr[8192 * 5];
+    constexpr int W = 5; // words per CTA (TC_TRACE_W)
+    static unsigned long long tr[8192 * W];
     const int n = nb_pa_trace_read(tr, 8192);
     std::vector<double> a, b, c, d;
     unsigned long long t0 = ~0ull;
     for (int i = 0; i < n; i++)
-        if (tr[5 * i] && tr[5 * i] < t0) t0 = tr[5 * i];
+        if (tr[W * i] && tr[W * i] < t0) t0 = tr[W * i];
     for (int i = 0; i < n; i++) {
-        if (!tr[5 * i]) continue;
-        a.push_back((tr[5 * i] - t0) * 1e-3);           // start
-        b.push_back((tr[5 * i + 1] - tr[5 * i]) * 1e-3); // prologue
-        c.push_back((tr[5 * i + 2] - t0) * 1e-3);       // warp 0 out of its loop
-        d.push_back((tr[5 * i + 3] - t0) * 1e-3);       // partial written
+        if (!tr[W * i]) continue;
+        a.push_back((tr[W * i] - t0) * 1e-3);           // start
+        b.push_back((tr[W * i + 1] - tr[W * i]) * 1e-3); // prologue
+        c.push_back((tr[W * i + 2] - t0) * 1e-3);       // warp 0 out of its loop
+        d.push_back((tr[W * i + 3] - t0) * 1e-3);       // partial written
     }
     if (a.empty()) {
         printf("  trace: no tensor-core CTAs\n");
@@ -132,7 +137,7 @@ static void trace_report(void) {
         const int nw = nb_pa_trace_read_warps(wt, n);
         std::vector<double> first, last, spread;
         for (int i = 0; i < nw; i++) {
-            if (!tr[5 * i] || !wt[2 * i]) continue;
+            if (!tr[W * i] || !wt[2 * i]) continue;
             const double l = (wt[2 * i] - t0) * 1e-3, f = ((~wt[2 * i + 1]) - t0) * 1e-3;
             first.push_back(f);
             last.push_back(l);
@@ -147,7 +152,7 @@ static void trace_report(void) {
     if (getenv("NB_BENCH_TRACE")[0] == '2') { // loop end per CTA: sm:us, in CTA order
         printf("  loop end by CTA (sm:us):");
         for (int i = 0; i < n; i++)
-            if (tr[5 * i]) printf(" %llu:%.0f", tr[5 * i + 4], (tr[5 * i + 2] - t0) * 1e-3);
+            if (tr[W * i]) printf(" %llu:%.0f", tr[W * i + 4], (tr[W * i + 2] - t0) * 1e-3);
         printf("\n");
     }
 }
@@ -160,6 +165,7 @@ static float median(std::vector<float> v) {
 
 int main(int argc, char **argv) {
     int iters = 20, quick = 0, only_b = 0, only_ctx = 0, only_mode = -1, step_max_chunks = 64, n_rows = 1;
+    int table_run = 1; // --table: 1 = shuffled blocks, 0 = in order, N > 1 = shuffled runs of N blocks
     const char *only_model = NULL, *flush_mode = "read", *split = "batch", *dtype = "f16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -170,14 +176,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) only_mode = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) n_rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
-        else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
+        else if (!strcmp(argv[i], "--table") && i + 1 < argc) {
+            const char *t = argv[++i];
+            table_run = !strcmp(t, "shuffled") ? 1 : !strcmp(t, "contig") ? 0 : !strncmp(t, "runs:", 5) ? atoi(t + 5) : -1;
+        } else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
             only_model = argv[++i];
             only_b = atoi(argv[++i]);
             only_ctx = atoi(argv[++i]);
         } else {
             fprintf(stderr,
                     "usage: %s [--quick] [--iters N] [--only MODEL BATCH CTX] [--mode I] [--flush read|write|none] "
-                    "[--split batch|step] [--step-chunks N] [--rows R] [--dtype f16|bf16]\n",
+                    "[--split batch|step] [--step-chunks N] [--rows R] [--dtype f16|bf16] [--table shuffled|contig|runs:N]\n",
                     argv[0]);
             return 2;
         }
@@ -190,12 +199,13 @@ int main(int argc, char **argv) {
         only_mode < -1 || only_mode > 8 || iters < 1 ||
         (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none")) ||
         (strcmp(split, "batch") && strcmp(split, "step")) || step_max_chunks < 2 || step_max_chunks > 128 ||
-        n_rows < 1 || n_rows > 9 || (strcmp(dtype, "f16") && strcmp(dtype, "bf16")) ||
+        n_rows < 1 || n_rows > 9 || (strcmp(dtype, "f16") && strcmp(dtype, "bf16")) || table_run < 0 ||
+        table_run > 4096 ||
         (n_rows > 1 && (strcmp(split, "step") || only_mode == 2 || only_mode == 4 || only_mode == 6))) {
         fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
                         "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none; "
                         "--split batch|step; --step-chunks 2..128; --rows 1..9 (> 1 with --split step, not a draft --mode); "
-                        "--dtype f16|bf16\n",
+                        "--dtype f16|bf16; --table shuffled|contig|runs:N (N 2..4096)\n",
                 argv[0]);
         return 2;
     }
@@ -312,8 +322,19 @@ int main(int argc, char **argv) {
     for (int i = 0; i < lay.n_qblocks; i++) qperm[i] = i;
     for (int i = 0; i < lay.n_fpblocks; i++) fperm[i] = i;
     srand(12345);
-    for (int i = lay.n_qblocks - 1; i > 0; i--) std::swap(qperm[i], qperm[rand() % (i + 1)]);
-    for (int i = lay.n_fpblocks - 1; i > 0; i--) std::swap(fperm[i], fperm[rand() % (i + 1)]);
+    // Runs of table_run consecutive block ids, the runs in random order
+    // (1: every block on its own; 0: no shuffle, each sequence's blocks in
+    // address order).
+    auto shuffle_runs = [&](std::vector<int32_t> &perm) {
+        if (table_run == 0) return;
+        const int n = (int)perm.size(), nr = n / table_run;
+        std::vector<int32_t> runs(nr);
+        for (int i = 0; i < nr; i++) runs[i] = i;
+        for (int i = nr - 1; i > 0; i--) std::swap(runs[i], runs[rand() % (i + 1)]);
+        for (int i = 0; i < nr * table_run; i++) perm[i] = runs[i / table_run] * table_run + i % table_run;
+    };
+    shuffle_runs(qperm);
+    shuffle_runs(fperm);
 
     struct model {
         const char *name;
@@ -339,6 +360,7 @@ int main(int argc, char **argv) {
     printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; cache %s; L2 flush: %s; split: %s", peak, dtype,
            flush_mode, split);
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
+    if (table_run != 1) printf("; block tables: %s%.0d", table_run ? "shuffled runs of " : "in order", table_run);
     if (n_rows > 1)
         printf("; verify steps of %d rows per sequence%s", n_rows,
                getenv("NB_PA_TC_WIDE") ? " (NB_PA_TC_WIDE set)" : "");
@@ -441,7 +463,7 @@ int main(int argc, char **argv) {
 #endif
                     for (int it = 0; it < iters + 3; it++) {
 #ifdef NB_PA_TRACE
-                        if (tracing && it == iters + 2) nb_pa_trace_reset();
+                        if (tracing && (it == 0 || it == iters + 2)) nb_pa_trace_reset(); // it 0: NB_PA_SKIPMERGE for every call
 #endif
                         if (flush_kind == 0) {
                             read_flush<<<prop.multiProcessorCount * 8, 512>>>((const uint4 *)flush, flush_bytes / 16,

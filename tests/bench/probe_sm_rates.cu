@@ -13,9 +13,16 @@
 //   mode 2 (bulk): cp.async.bulk of whole 4 KB pieces on the copy engine,
 //     completion by the mbarrier's transaction count (what the tensor-core
 //     decode kernel does).
-// Prints per mode and grid (132 CTAs, and 128 as the decode kernel's
-// batch-8 Llama-3 calls launch): the aggregate rate (bytes over the
-// kernel's event time), the spread of the CTAs' times (min / median /
+// Three placements of a CTA's pieces (session 29: is the spread a matter
+// of address translation?):
+//   random: anywhere in the buffer, as above (each piece in its own 2 MB
+//     page, practically: 512 pages of 2 MB, 1,024 pieces a CTA);
+//   page: the pieces of two random 2 MB pages (2 MB-aligned), in random
+//     order: the same 4 KB pieces at random places, but two pages a CTA;
+//   contig: the same two pages' pieces in address order.
+// Prints per placement, mode and grid (132 CTAs, and 128 as the decode
+// kernel's batch-8 Llama-3 calls launch): the aggregate rate (bytes over
+// the kernel's event time), the spread of the CTAs' times (min / median /
 // max), and the SMs of the fastest eighth. Exits 77 without a GPU.
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -148,12 +155,17 @@ int main() {
     for (int m = 0; m < 3; m++) CUDA_OK(cudaFuncSetAttribute(kern[m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const char *names[3] = {"ldg (16 B loads to registers)", "ldgsts (16 B cp.async, mbarrier)",
                             "bulk (4 KB cp.async.bulk, mbarrier tx)"};
-    printf("# %s, %d SMs; %d CTAs x %d pieces of %d B at random places, 12 warps x 2 slots of 8 KB\n", prop.name,
+    printf("# %s, %d SMs; %d CTAs x %d pieces of %d B (random, page, contig), 12 warps x 2 slots of 8 KB\n", prop.name,
            sms, sms, PER_CTA, PIECE);
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
     const int grids[2] = {sms, sms - 4};
+    const char *places[3] = {"random", "page", "contig"};
+    constexpr size_t PAGE_PIECES = ((size_t)2 << 20) / PIECE, n_pages = ((size_t)2 << 30) / ((size_t)2 << 20);
+    std::vector<uint32_t> pages(n_pages), placed((size_t)sms * PER_CTA);
+    for (size_t i = 0; i < n_pages; i++) pages[i] = (uint32_t)i;
+    for (int pl = 0; pl < 3; pl++)
     for (int gi = 0; gi < 2; gi++)
         for (int m = 0; m < 3; m++) {
             const int grid = grids[gi];
@@ -161,8 +173,23 @@ int main() {
             std::vector<std::vector<double>> per_sm(sms);
             for (int pass = 0; pass < 6; pass++) {
                 // fresh random pieces each pass (no L2 reuse across passes)
-                for (size_t i = 0; i < (size_t)grid * PER_CTA; i++) std::swap(perm[i], perm[i + rand() % (n_pieces - i)]);
-                CUDA_OK(cudaMemcpy(dpieces, perm.data(), sizeof(uint32_t) * grid * PER_CTA, cudaMemcpyHostToDevice));
+                if (pl == 0) {
+                    for (size_t i = 0; i < (size_t)grid * PER_CTA; i++)
+                        std::swap(perm[i], perm[i + rand() % (n_pieces - i)]);
+                } else { // two distinct random pages a CTA
+                    const size_t per = PER_CTA / PAGE_PIECES;
+                    for (size_t i = 0; i < (size_t)grid * per; i++) std::swap(pages[i], pages[i + rand() % (n_pages - i)]);
+                    for (int c = 0; c < grid; c++) {
+                        uint32_t *pc = placed.data() + (size_t)c * PER_CTA;
+                        for (size_t j = 0; j < (size_t)PER_CTA; j++)
+                            pc[j] = (uint32_t)(pages[c * per + j / PAGE_PIECES] * PAGE_PIECES + j % PAGE_PIECES);
+                        if (pl == 1)
+                            for (size_t j = 0; j < (size_t)PER_CTA; j++)
+                                std::swap(pc[j], pc[j + rand() % (PER_CTA - j)]);
+                    }
+                }
+                CUDA_OK(cudaMemcpy(dpieces, pl == 0 ? perm.data() : placed.data(), sizeof(uint32_t) * grid * PER_CTA,
+                                   cudaMemcpyHostToDevice));
                 CUDA_OK(cudaEventRecord(e0));
                 kern[m]<<<grid, NT, smem>>>(buf, dpieces, drec, sink);
                 CUDA_OK(cudaEventRecord(e1));
@@ -186,9 +213,9 @@ int main() {
                     med.push_back({per_sm[s][per_sm[s].size() / 2], s});
                 }
             std::sort(med.begin(), med.end());
-            printf("\n%s, %d CTAs: %.0f GB/s (kernel %.1f us median); CTA time us min %.1f / median %.1f / max %.1f "
+            printf("\n[%s] %s, %d CTAs: %.0f GB/s (kernel %.1f us median); CTA time us min %.1f / median %.1f / max %.1f "
                    "(max/min %.2f)\n  fastest eighth (sm:us):",
-                   names[m], grid, gbs, ms_all[ms_all.size() / 2] * 1e3, med.front().first,
+                   places[pl], names[m], grid, gbs, ms_all[ms_all.size() / 2] * 1e3, med.front().first,
                    med[med.size() / 2].first, med.back().first, med.back().first / med.front().first);
             for (size_t i = 0; i < med.size() / 8; i++) printf(" %d:%.0f", med[i].second, med[i].first);
             printf("\n  slowest eighth (sm:us):");
