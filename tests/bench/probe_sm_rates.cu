@@ -128,6 +128,66 @@ __global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_
     }
 }
 
+// Bulk copies of `piece` bytes (1-8 KB; a slot of 8 KB holds 8 KB / piece
+// of them) at random piece-aligned places: the same 4 MB a CTA and the
+// same bytes in flight as mode 2, cut into smaller or larger pieces.
+__global__ void __launch_bounds__(NT, 1) probe_sized(const uint8_t *buf, const uint32_t *pieces, int piece,
+                                                     unsigned long long *rec, uint32_t *sink) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    uint64_t *bars = (uint64_t *)sm;
+    uint8_t *ring = sm + 1024;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int per_slot = SLOT / piece, per_cta = PER_CTA * PIECE / piece;
+    uint64_t *wb = bars + warp * NSLOT;
+    uint8_t *wr = ring + (size_t)warp * NSLOT * SLOT;
+    const uint32_t *pc = pieces + (size_t)blockIdx.x * per_cta;
+    if (lane == 0)
+        for (int s = 0; s < NSLOT; s++) bar_init(wb + s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    uint32_t acc = 0;
+    const int nmine = (per_cta - warp + NW - 1) / NW;         // pieces of this warp
+    const int nsteps = (nmine + per_slot - 1) / per_slot;     // per_slot pieces a slot
+    auto issue = [&](int step, int slot) {
+        if (lane != 0) return;
+        const int k0 = step * per_slot, n = min(per_slot, nmine - k0);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(su(wb + slot)),
+                     "r"(n * piece)
+                     : "memory");
+        for (int h = 0; h < n; h++) {
+            const uint8_t *src = buf + (size_t)pc[warp + (k0 + h) * NW] * piece;
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             su(wr + slot * SLOT + h * piece)),
+                         "l"(src), "r"(piece), "r"(su(wb + slot))
+                         : "memory");
+        }
+    };
+    for (int s = 0; s < NSLOT && s < nsteps; s++) issue(s, s);
+    for (int step = 0, slot = 0, par = 0; step < nsteps; step++) {
+        bar_wait(wb + slot, par);
+        acc ^= *(const uint32_t *)(wr + slot * SLOT + 4 * lane);
+        __syncwarp();
+        if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+        if (step + NSLOT < nsteps) issue(step + NSLOT, slot);
+        if (++slot == NSLOT) {
+            slot = 0;
+            par ^= 1;
+        }
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned s;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        rec[2 * blockIdx.x] = s;
+        rec[2 * blockIdx.x + 1] = t1 - t0;
+    }
+}
+
 int main() {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
@@ -222,6 +282,44 @@ int main() {
             for (size_t i = med.size() - med.size() / 8; i < med.size(); i++)
                 printf(" %d:%.0f", med[i].second, med[i].first);
             printf("\n");
+        }
+    // Piece size (bulk copies, random places, 128 CTAs and all SMs).
+    printf("\n# bulk copies by piece size, random places, 4 MB a CTA, 12 warps x 2 slots of 8 KB\n");
+    CUDA_OK(cudaFuncSetAttribute(probe_sized, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int sizes[4] = {1024, 2048, 4096, 8192};
+    for (int si = 0; si < 4; si++)
+        for (int gi = 0; gi < 2; gi++) {
+            const int piece = sizes[si], grid = grids[gi];
+            const size_t per_cta = (size_t)PER_CTA * PIECE / piece, n_p = buf_bytes / piece;
+            std::vector<uint32_t> pp(n_p);
+            for (size_t i = 0; i < n_p; i++) pp[i] = (uint32_t)i;
+            uint32_t *dpp;
+            CUDA_OK(cudaMalloc(&dpp, sizeof(uint32_t) * grid * per_cta));
+            std::vector<double> ms_all, cta;
+            for (int pass = 0; pass < 6; pass++) {
+                for (size_t i = 0; i < (size_t)grid * per_cta; i++) std::swap(pp[i], pp[i + rand() % (n_p - i)]);
+                CUDA_OK(cudaMemcpy(dpp, pp.data(), sizeof(uint32_t) * grid * per_cta, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaEventRecord(e0));
+                probe_sized<<<grid, NT, smem>>>(buf, dpp, piece, drec, sink);
+                CUDA_OK(cudaEventRecord(e1));
+                CUDA_OK(cudaEventSynchronize(e1));
+                CUDA_OK(cudaGetLastError());
+                float ms;
+                CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+                std::vector<unsigned long long> h(2 * grid);
+                CUDA_OK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+                if (pass == 0) continue;
+                ms_all.push_back(ms);
+                for (int c = 0; c < grid; c++) cta.push_back(h[2 * c + 1] / 1000.0);
+            }
+            CUDA_OK(cudaFree(dpp));
+            std::sort(ms_all.begin(), ms_all.end());
+            std::sort(cta.begin(), cta.end());
+            const double gbs = (double)grid * PER_CTA * PIECE / (ms_all[ms_all.size() / 2] * 1e-3) / 1e9;
+            printf("%5d B pieces, %d CTAs: %.0f GB/s (kernel %.1f us median); CTA time us min %.1f / median %.1f / "
+                   "max %.1f (max/min %.2f)\n",
+                   piece, grid, gbs, ms_all[ms_all.size() / 2] * 1e3, cta.front(), cta[cta.size() / 2], cta.back(),
+                   cta.back() / cta.front());
         }
     return 0;
 }
