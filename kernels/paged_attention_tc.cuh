@@ -83,7 +83,7 @@ constexpr int TC_M = 8; // query vectors per kv head (MMA N)
 // 1.8 us at the median, session 29), which a barrier every warp must
 // reach first does not allow: stamps next to barriers are not ordered
 // with them (the memory clobber did not change that), so the warps' loop
-// ends below are upper bounds.
+// ends below may be late, or such stamps early, by about that much.
 #ifdef NB_PA_TRACE
 constexpr int TC_TRACE_MAX = 8192, TC_TRACE_W = 5; // words per CTA
 __device__ unsigned long long g_pa_trace[TC_TRACE_MAX * TC_TRACE_W];
