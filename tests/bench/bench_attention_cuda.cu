@@ -178,7 +178,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
         else if (!strcmp(argv[i], "--table") && i + 1 < argc) {
             const char *t = argv[++i];
-            table_run = !strcmp(t, "shuffled") ? 1 : !strcmp(t, "contig") ? 0 : !strncmp(t, "runs:", 5) ? atoi(t + 5) : -1;
+            char *end = NULL;
+            const long nr = !strncmp(t, "runs:", 5) ? strtol(t + 5, &end, 10) : -1;
+            table_run = !strcmp(t, "shuffled") ? 1 : !strcmp(t, "contig") ? 0 : (end && !*end && nr >= 2 && nr <= 4096) ? (int)nr : -1;
         } else if (!strcmp(argv[i], "--only") && i + 3 < argc) {
             only_model = argv[++i];
             only_b = atoi(argv[++i]);
@@ -200,7 +202,6 @@ int main(int argc, char **argv) {
         (strcmp(flush_mode, "read") && strcmp(flush_mode, "write") && strcmp(flush_mode, "none")) ||
         (strcmp(split, "batch") && strcmp(split, "step")) || step_max_chunks < 2 || step_max_chunks > 128 ||
         n_rows < 1 || n_rows > 9 || (strcmp(dtype, "f16") && strcmp(dtype, "bf16")) || table_run < 0 ||
-        table_run > 4096 ||
         (n_rows > 1 && (strcmp(split, "step") || only_mode == 2 || only_mode == 4 || only_mode == 6))) {
         fprintf(stderr, "%s: --only takes llama2-7b|llama3-8b, batch 1|8, ctx 4096|16384|32768|65536|131072 "
                         "(4096|16384 with --quick); --mode 0..8; --iters >= 1; --flush read|write|none; "
