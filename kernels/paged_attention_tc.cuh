@@ -89,7 +89,8 @@ constexpr int TC_TRACE_MAX = 8192, TC_TRACE_W = 5; // words per CTA
 __device__ unsigned long long g_pa_trace[TC_TRACE_MAX * TC_TRACE_W];
 __device__ __forceinline__ unsigned long long tc_now() {
     unsigned long long t;
-    // NOTE: the memory clobber keeps the stamp on its side of barriers and stores.
+    // NOTE: the memory clobber keeps the compiler from moving the stamp
+    // across stores; it did not order stamps with barriers (see above).
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
     return t;
 }
