@@ -15,8 +15,8 @@
 //     decode kernel does).
 // Three placements of a CTA's pieces (session 29: is the spread a matter
 // of address translation?):
-//   random: anywhere in the buffer, as above (each piece in its own 2 MB
-//     page, practically: 512 pages of 2 MB, 1,024 pieces a CTA);
+//   random: anywhere in the buffer, as above (a CTA's 1,024 pieces land
+//     in ~650 of the buffer's 1,024 pages of 2 MB);
 //   page: the pieces of two random 2 MB pages (2 MB-aligned), in random
 //     order: the same 4 KB pieces at random places, but two pages a CTA;
 //   contig: the same two pages' pieces in address order.
