@@ -24,8 +24,8 @@
 // kernel's batch-8 Llama-3 calls launch): the aggregate rate (bytes over
 // the kernel's event time), the spread of the CTAs' times (min / median /
 // max), and the SMs of the fastest eighth. Then the same 4 MB a CTA as
-// bulk copies of 1, 2, 4 and 8 KB at random places (probe_sized: does
-// HBM serve larger pieces faster?). Exits 77 without a GPU.
+// bulk copies of 1, 2, 4 and 8 KB at random places (mode 2 with other
+// piece sizes: does HBM serve larger pieces faster?). Exits 77 without a GPU.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,16 +49,19 @@ __device__ __forceinline__ void bar_wait(uint64_t *b, uint32_t par) {
                  : "memory");
 }
 
+// `piece` bytes a piece (4 KB; mode 2 also 1-8 KB: a slot of 8 KB holds
+// 8 KB / piece of them), 4 MB a CTA whatever the piece size.
 template <int MODE>
-__global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_t *pieces, unsigned long long *rec,
-                                               uint32_t *sink) {
+__global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_t *pieces, int piece,
+                                               unsigned long long *rec, uint32_t *sink) {
     extern __shared__ __align__(128) uint8_t sm[];
     uint64_t *bars = (uint64_t *)sm;
     uint8_t *ring = sm + 1024;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint64_t *wb = bars + warp * NSLOT;
     uint8_t *wr = ring + (size_t)warp * NSLOT * SLOT;
-    const uint32_t *pc = pieces + (size_t)blockIdx.x * PER_CTA;
+    const int per_slot = SLOT / piece, per_cta = PER_CTA * PIECE / piece;
+    const uint32_t *pc = pieces + (size_t)blockIdx.x * per_cta;
     if (lane == 0)
         for (int s = 0; s < NSLOT; s++) bar_init(wb + s, MODE == 1 ? 32 : 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -66,29 +69,26 @@ __global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_
     unsigned long long t0, t1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     uint32_t acc = 0;
-    const int nmine = (PER_CTA - warp + NW - 1) / NW; // pieces of this warp
-    const int nsteps = (nmine + 1) / 2;                // two pieces a slot
+    const int nmine = (per_cta - warp + NW - 1) / NW;     // pieces of this warp
+    const int nsteps = (nmine + per_slot - 1) / per_slot; // per_slot pieces a slot
     auto issue = [&](int step, int slot) {
         uint8_t *dst = wr + slot * SLOT;
-        if (MODE == 2 && lane == 0) {
-            const int n = (2 * step + 1 < nmine) ? 2 : 1;
+        const int k0 = step * per_slot, n = min(per_slot, nmine - k0);
+        if (MODE == 2 && lane == 0)
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(su(wb + slot)),
-                         "r"(n * PIECE)
+                         "r"(n * piece)
                          : "memory");
-        }
-        for (int h = 0; h < 2; h++) {
-            const int k = 2 * step + h;
-            if (k >= nmine) continue;
-            const uint8_t *src = buf + (size_t)pc[warp + k * NW] * PIECE;
+        for (int h = 0; h < n; h++) {
+            const uint8_t *src = buf + (size_t)pc[warp + (k0 + h) * NW] * piece;
             if (MODE == 1) {
-                for (int i = lane; i < PIECE / 16; i += 32)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(su(dst + h * PIECE + 16 * i)),
+                for (int i = lane; i < piece / 16; i += 32)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(su(dst + h * piece + 16 * i)),
                                  "l"(src + 16 * i)
                                  : "memory");
             } else if (lane == 0) {
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                                 su(dst + h * PIECE)),
-                             "l"(src), "r"(PIECE), "r"(su(wb + slot))
+                                 su(dst + h * piece)),
+                             "l"(src), "r"(piece), "r"(su(wb + slot))
                              : "memory");
             }
         }
@@ -97,10 +97,10 @@ __global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_
     };
     if (MODE == 0) {
         for (int k = 0; k < nmine; k++) {
-            const uint4 *src = (const uint4 *)(buf + (size_t)pc[warp + k * NW] * PIECE);
+            const uint4 *src = (const uint4 *)(buf + (size_t)pc[warp + k * NW] * piece);
             uint4 v[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = __ldcs(src + lane + 32 * i);
+            for (int i = 0; i < 8; i++) v[i] = __ldcs(src + lane + 32 * i); // piece = PIECE: 8 x 512 B
 #pragma unroll
             for (int i = 0; i < 8; i++) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
         }
@@ -117,66 +117,6 @@ __global__ void __launch_bounds__(NT, 1) probe(const uint8_t *buf, const uint32_
                 slot = 0;
                 par ^= 1;
             }
-        }
-    }
-    if (acc == 0x9e3779b9u) sink[0] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned s;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        rec[2 * blockIdx.x] = s;
-        rec[2 * blockIdx.x + 1] = t1 - t0;
-    }
-}
-
-// Bulk copies of `piece` bytes (1-8 KB; a slot of 8 KB holds 8 KB / piece
-// of them) at random piece-aligned places: the same 4 MB a CTA and the
-// same bytes in flight as mode 2, cut into smaller or larger pieces.
-__global__ void __launch_bounds__(NT, 1) probe_sized(const uint8_t *buf, const uint32_t *pieces, int piece,
-                                                     unsigned long long *rec, uint32_t *sink) {
-    extern __shared__ __align__(128) uint8_t sm[];
-    uint64_t *bars = (uint64_t *)sm;
-    uint8_t *ring = sm + 1024;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int per_slot = SLOT / piece, per_cta = PER_CTA * PIECE / piece;
-    uint64_t *wb = bars + warp * NSLOT;
-    uint8_t *wr = ring + (size_t)warp * NSLOT * SLOT;
-    const uint32_t *pc = pieces + (size_t)blockIdx.x * per_cta;
-    if (lane == 0)
-        for (int s = 0; s < NSLOT; s++) bar_init(wb + s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    __syncthreads();
-    unsigned long long t0, t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    uint32_t acc = 0;
-    const int nmine = (per_cta - warp + NW - 1) / NW;         // pieces of this warp
-    const int nsteps = (nmine + per_slot - 1) / per_slot;     // per_slot pieces a slot
-    auto issue = [&](int step, int slot) {
-        if (lane != 0) return;
-        const int k0 = step * per_slot, n = min(per_slot, nmine - k0);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(su(wb + slot)),
-                     "r"(n * piece)
-                     : "memory");
-        for (int h = 0; h < n; h++) {
-            const uint8_t *src = buf + (size_t)pc[warp + (k0 + h) * NW] * piece;
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             su(wr + slot * SLOT + h * piece)),
-                         "l"(src), "r"(piece), "r"(su(wb + slot))
-                         : "memory");
-        }
-    };
-    for (int s = 0; s < NSLOT && s < nsteps; s++) issue(s, s);
-    for (int step = 0, slot = 0, par = 0; step < nsteps; step++) {
-        bar_wait(wb + slot, par);
-        acc ^= *(const uint32_t *)(wr + slot * SLOT + 4 * lane);
-        __syncwarp();
-        if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncwarp();
-        if (step + NSLOT < nsteps) issue(step + NSLOT, slot);
-        if (++slot == NSLOT) {
-            slot = 0;
-            par ^= 1;
         }
     }
     if (acc == 0x9e3779b9u) sink[0] = acc;
@@ -212,8 +152,8 @@ int main() {
     for (size_t i = 0; i < n_pieces; i++) perm[i] = (uint32_t)i;
     srand(7);
     const int smem = 1024 + NW * NSLOT * SLOT;
-    void (*kern[3])(const uint8_t *, const uint32_t *, unsigned long long *, uint32_t *) = {probe<0>, probe<1>,
-                                                                                          probe<2>};
+    void (*kern[3])(const uint8_t *, const uint32_t *, int, unsigned long long *, uint32_t *) = {probe<0>, probe<1>,
+                                                                                               probe<2>};
     for (int m = 0; m < 3; m++) CUDA_OK(cudaFuncSetAttribute(kern[m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const char *names[3] = {"ldg (16 B loads to registers)", "ldgsts (16 B cp.async, mbarrier)",
                             "bulk (4 KB cp.async.bulk, mbarrier tx)"};
@@ -253,7 +193,7 @@ int main() {
                 CUDA_OK(cudaMemcpy(dpieces, pl == 0 ? perm.data() : placed.data(), sizeof(uint32_t) * grid * PER_CTA,
                                    cudaMemcpyHostToDevice));
                 CUDA_OK(cudaEventRecord(e0));
-                kern[m]<<<grid, NT, smem>>>(buf, dpieces, drec, sink);
+                kern[m]<<<grid, NT, smem>>>(buf, dpieces, PIECE, drec, sink);
                 CUDA_OK(cudaEventRecord(e1));
                 CUDA_OK(cudaEventSynchronize(e1));
                 CUDA_OK(cudaGetLastError());
@@ -287,7 +227,6 @@ int main() {
         }
     // Piece size (bulk copies, random places, 128 CTAs and all SMs).
     printf("\n# bulk copies by piece size, random places, 4 MB a CTA, 12 warps x 2 slots of 8 KB\n");
-    CUDA_OK(cudaFuncSetAttribute(probe_sized, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int sizes[4] = {1024, 2048, 4096, 8192};
     for (int si = 0; si < 4; si++)
         for (int gi = 0; gi < 2; gi++) {
@@ -302,7 +241,7 @@ int main() {
                 for (size_t i = 0; i < (size_t)grid * per_cta; i++) std::swap(pp[i], pp[i + rand() % (n_p - i)]);
                 CUDA_OK(cudaMemcpy(dpp, pp.data(), sizeof(uint32_t) * grid * per_cta, cudaMemcpyHostToDevice));
                 CUDA_OK(cudaEventRecord(e0));
-                probe_sized<<<grid, NT, smem>>>(buf, dpp, piece, drec, sink);
+                probe<2><<<grid, NT, smem>>>(buf, dpp, piece, drec, sink);
                 CUDA_OK(cudaEventRecord(e1));
                 CUDA_OK(cudaEventSynchronize(e1));
                 CUDA_OK(cudaGetLastError());
