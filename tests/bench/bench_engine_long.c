@@ -129,8 +129,15 @@ int main(int argc, char **argv) {
     {
         int longest = 0;
         for (int i = 0; i < n_ctx; i++) longest = ctxs[i] > longest ? ctxs[i] : longest;
-        const int need = longest + n_new + 8 * 9 + 16; // the prompt, the run's tokens, a round's slack
-        if (max_len > 0 && max_len < need) return usage("--max-seq-len is below the longest context + --new + 88");
+        // The prompt; n_new target-only tokens; two warm-up rounds; then
+        // rounds until the batch has n_new tokens a sequence, each round at
+        // least one token for every sequence (so at most n_new rounds) and at
+        // most gamma + 1 for one, which can thus get n_new * (gamma + 1);
+        // gamma draft positions past the last; slack. (Was longest + n_new +
+        // 88, which a batch with uneven acceptance overran at --new 64.)
+        const int need = longest + n_new + 2 * (gamma + 1) + n_new * (gamma + 1) + gamma + 16;
+        if (max_len > 0 && max_len < need)
+            return usage("--max-seq-len is below the longest context + (gamma + 2) x --new + 3 x gamma + 18");
         if (max_len == 0) max_len = need;
     }
     int n_dev = 0;
