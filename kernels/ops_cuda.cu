@@ -104,16 +104,19 @@ __device__ __forceinline__ void store_cvt(const nb_cuda_cvt &c, size_t i, float 
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // ------------------------------------------------------------ rmsnorm
-// One block per row. The row is staged in shared memory; threads 0..7 run
-// the eight lane chains a_l = sum over k = l (mod 8) of x_k*x_k, in k order,
-// exactly as ops_ref.c's vector loop plus its scalar tail do.
+// One block per row. The row is staged in shared memory; threads 0..63 run
+// the 64 lane chains a_l = sum over k = l (mod 64) of x_k*x_k, in k order,
+// and warps 0 and 1 combine them by shuffles in the fixed tree of ops_ref.h's
+// 64-lane order (ops_ref.c's vector loop plus its scalar tail).
 // With res (nb_cuda_add_rmsnorm): x = x + res first (written back, nb_ref_add's
 // single rounding), and the normalized row goes to out (f32, if not NULL)
 // and/or cvt (converted from that f32 value as the convert kernels do).
 // NOTE: one block per row means a decode step's norm (one row) runs on one
-// SM: its loads are issued RN at a time per thread (independent, so the
-// latency is paid once per RN elements, not per element: 17 -> 7.4 us at
-// d = 4096, one row, ncu on an H100; the rest is the 8 sequential chains).
+// SM, so its latency is the kernel's cost: the loads are issued RN at a
+// time per thread (independent, so the latency is paid once per RN
+// elements: 17 -> 7.4 us at d = 4096, one row, ncu on an H100), the
+// weights before the row, and the sum is 64 chains of d/64 dependent adds
+// (the 8-lane order's 8 chains of d/8 took ~2 us of the 7.4).
 constexpr int kNormThreads = 1024;
 constexpr int RN = 4;
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float *out, float *x, const float *res,
@@ -121,12 +124,20 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float *out, float
                                                                float eps, nb_cuda_cvt cvt) {
     pdl_trigger();
     extern __shared__ float xs[]; // [d]
-    __shared__ float lane_sum[8];
+    __shared__ float part[2][8];
     __shared__ float r_sh;
     const size_t row = blockIdx.x;
     float *xi = x + row * (size_t)d;
     float *oi = out ? out + row * (size_t)d : nullptr;
     const float *ri = res ? res + row * (size_t)d : nullptr;
+    // The weights of the first output pass are loaded first: they do not
+    // depend on the row, so their latency hides under the row's.
+    float w0[RN];
+#pragma unroll
+    for (int u = 0; u < RN; u++) {
+        const int j = threadIdx.x + u * blockDim.x;
+        w0[u] = j < d ? load_f32(w, dt, (size_t)j) : 0.0f;
+    }
     for (int j0 = threadIdx.x; j0 < d; j0 += RN * blockDim.x) {
         float v[RN], r[RN];
 #pragma unroll
@@ -147,28 +158,36 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float *out, float
         }
     }
     __syncthreads();
-    if (threadIdx.x < 8) {
+    if (threadIdx.x < 64) {
         float a = 0.0f;
         int k = threadIdx.x;
-        // NOTE: the squares of a 16-step window are independent of the chain,
+        // NOTE: the squares of an 8-step window are independent of the chain,
         // so they are loaded and multiplied ahead of the dependent adds.
-        for (; k + 8 * 15 < d; k += 8 * 16) {
-            float t[16];
+        for (; k + 64 * 7 < d; k += 64 * 8) {
+            float t[8];
 #pragma unroll
-            for (int u = 0; u < 16; u++) t[u] = __fmul_rn(xs[k + 8 * u], xs[k + 8 * u]);
+            for (int u = 0; u < 8; u++) t[u] = __fmul_rn(xs[k + 64 * u], xs[k + 64 * u]);
 #pragma unroll
-            for (int u = 0; u < 16; u++) a = __fadd_rn(a, t[u]);
+            for (int u = 0; u < 8; u++) a = __fadd_rn(a, t[u]);
         }
-        for (; k < d; k += 8) a = __fadd_rn(a, __fmul_rn(xs[k], xs[k]));
-        lane_sum[threadIdx.x] = a;
+        for (; k < d; k += 64) a = __fadd_rn(a, __fmul_rn(xs[k], xs[k]));
+        // Lane e < 8 of warp h: ((a_e + a_8+e) + (a_16+e + a_24+e)) of the
+        // warp's 32 chains (chains 32h..32h+31).
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 8));
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 16));
+        if ((threadIdx.x & 31) < 8) part[threadIdx.x >> 5][threadIdx.x & 7] = a;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const float *l = lane_sum;
-        float s = __fadd_rn(__fadd_rn(__fadd_rn(l[0], l[1]), __fadd_rn(l[2], l[3])),
-                            __fadd_rn(__fadd_rn(l[4], l[5]), __fadd_rn(l[6], l[7])));
-        float ms = __fdiv_rn(s, (float)d);
-        r_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    if (threadIdx.x < 32) {
+        const int e = threadIdx.x & 7;
+        float b = __fadd_rn(part[0][e], part[1][e]);
+        b = __fadd_rn(b, __shfl_down_sync(0xffffffffu, b, 1));
+        b = __fadd_rn(b, __shfl_down_sync(0xffffffffu, b, 2));
+        b = __fadd_rn(b, __shfl_down_sync(0xffffffffu, b, 4));
+        if (threadIdx.x == 0) {
+            float ms = __fdiv_rn(b, (float)d);
+            r_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+        }
     }
     __syncthreads();
     const float r = r_sh;
@@ -177,7 +196,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float *out, float
 #pragma unroll
         for (int u = 0; u < RN; u++) {
             const int j = j0 + u * blockDim.x;
-            wv[u] = j < d ? load_f32(w, dt, (size_t)j) : 0.0f;
+            wv[u] = j0 == (int)threadIdx.x ? w0[u] : j < d ? load_f32(w, dt, (size_t)j) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < RN; u++) {

@@ -13,7 +13,7 @@
 //     still differ from glibc by 1 ulp now and then (glibc is not correctly
 //     rounded everywhere: about 1 in 1600 expf and 1 in 80 sinf/cosf
 //     arguments above 100 rad differ), which the tests allow for.
-// RMSNorm reproduces the 8-lane summation order of ops_ref.h exactly (eight
+// RMSNorm reproduces the 64-lane summation order of ops_ref.h exactly (64
 // f32 chains in k order, then the fixed tree), so it is bit-exact too.
 //
 // Conventions: all pointers are device pointers; every function only
@@ -43,9 +43,9 @@ extern "C" {
 #define NB_CUDA_RMSNORM_MAX_D 49152
 
 // RMSNorm, bit-exact twin of nb_ref_rmsnorm: out[i][j] = (x[i][j] * r_i) * w[j],
-// r_i = 1 / sqrtf(sum8(x_i^2) / d + eps), sum8 in the 8-lane order.
-// One block per row; the eight lane chains are sequential (d/8 dependent adds,
-// about 1 us at d = 4096), the rest is parallel. out may equal x.
+// r_i = 1 / sqrtf(sum(x_i^2) / d + eps), the sum in the 64-lane order.
+// One block per row; the 64 lane chains are sequential (d/64 dependent adds),
+// the rest is parallel. out may equal x.
 // Returns NB_ERR_INVALID_ARG for n < 0, d < 1 or d > NB_CUDA_RMSNORM_MAX_D,
 // an unknown dtype, or NULL pointers with n > 0.
 nb_status nb_cuda_rmsnorm(float *out /*[n][d] f32*/, const float *x /*[n][d] f32*/,
@@ -96,6 +96,8 @@ nb_status nb_cuda_add_rmsnorm(float *x /*[n][d] f32, in/out*/, const float *res 
 // 2*Hkv]: q_in = qkv, k_in = qkv + Hq, v_in = k_in + Hkv, both strides Hq +
 // 2*Hkv. Returns NB_ERR_INVALID_ARG for an invalid layout or layer, D >
 // 1024, n < 0, strides shorter than a row, or NULL pointers with n > 0.
+// The kernel triggers programmatic dependent launch at entry (a decode
+// attention launched after it with nb_pa_args.pdl may start early).
 nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int q_stride, const float *k_in,
                                 const float *v_in, int kv_stride, const int32_t *pos /*[n]*/, int n,
                                 int n_heads, const float *inv_freq /*[D/2]*/, const nb_kv_layout *lay,

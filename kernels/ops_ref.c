@@ -96,14 +96,17 @@ void nb_ref_rmsnorm(float *out, const float *x, const void *w, nb_dtype dt, int 
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * d;
         float *oi = out + (size_t)i * d;
-        nb_v8f a = {0};
+        // The 64-lane order (ops_ref.h): vector v holds lanes 8v..8v+7.
+        nb_v8f a[8] = {{0}};
         int j = 0;
-        for (; j + 8 <= d; j += 8) {
-            nb_v8f v = ld8(xi + j);
-            a += v * v;
-        }
-        for (; j < d; j++) a[j & 7] += xi[j] * xi[j];
-        float ms = hsum8(a) / (float)d;
+        for (; j + 64 <= d; j += 64)
+            for (int v = 0; v < 8; v++) {
+                nb_v8f x8 = ld8(xi + j + 8 * v);
+                a[v] += x8 * x8;
+            }
+        for (; j < d; j++) a[(j >> 3) & 7][j & 7] += xi[j] * xi[j];
+        nb_v8f b = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        float ms = hsum8(b) / (float)d;
         float r = 1.0f / sqrtf(ms + eps);
         if (dt == NB_DTYPE_F32) {
             const float *wf = (const float *)w;

@@ -7,11 +7,19 @@
 // on tiling, threads or the instruction set the compiler picked. The library
 // is compiled with -ffp-contract=off, so no fma is ever introduced.
 //
-// 8-lane order (used by nb_ref_matmul, nb_ref_rmsnorm and the wquant
-// matmul): a sum over k = 0..K-1 of terms t_k is computed as eight f32
-// partial sums a_l = (((t_l + t_{l+8}) + t_{l+16}) + ...) (each product t_k
-// rounded to f32 first; a_l starts at +0), then
+// 8-lane order (used by nb_ref_matmul and the wquant matmul): a sum over
+// k = 0..K-1 of terms t_k is computed as eight f32 partial sums
+// a_l = (((t_l + t_{l+8}) + t_{l+16}) + ...) (each product t_k rounded to
+// f32 first; a_l starts at +0), then
 // ((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7)).
+//
+// 64-lane order (nb_ref_rmsnorm's sum of squares): 64 partial sums a_l as
+// above, lane l = k mod 64; then, lane-wise over the eight groups of eight,
+// b_e = ((a_e + a_{8+e}) + (a_{16+e} + a_{24+e})) +
+//       ((a_{32+e} + a_{40+e}) + (a_{48+e} + a_{56+e})), and the b_e summed
+// as the a_l of the 8-lane order. A GPU norm runs 64 chains of d/64 adds in
+// parallel instead of 8 of d/8 (its one-row latency; the 8-lane chains of a
+// 4096-wide row took ~2 us), and a CPU runs it as 8 vectors of 8 lanes.
 //
 // Activations are f32 row-major. Weights are in HF layout W[out][in] in any
 // nb_dtype. Nothing here allocates (nb_ref_matmul may start one helper
@@ -37,7 +45,8 @@ void nb_ref_convert_to_f32(float *out /*[n] f32*/, const void *src /*[n] dt*/, n
 float nb_ref_sum8(const float *x /*[n] f32*/, size_t n);
 
 // RMSNorm, Llama semantics: out[i][j] = (x[i][j] * r_i) * w[j] with
-// r_i = 1 / sqrtf(ms_i + eps), ms_i = sum8(x_i^2) / d (f32, 8-lane order).
+// r_i = 1 / sqrtf(ms_i + eps), ms_i = (sum of x_ij^2 in the 64-lane order) / d
+// (f32).
 // out may equal x.
 void nb_ref_rmsnorm(float *out /*[n][d] f32*/, const float *x /*[n][d] f32*/,
                     const void *w /*[d] dt*/, nb_dtype dt, int n, int d, float eps);

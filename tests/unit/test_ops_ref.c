@@ -155,6 +155,31 @@ static void test_rmsnorm(void) {
     memcpy(y, x, sizeof x);
     nb_ref_rmsnorm(y, y, wbuf, NB_DTYPE_BF16, n, d, eps);
     CHECK(memcmp(y, out, sizeof y) == 0);
+
+    // The documented 64-lane order of the sum of squares, written out
+    // plainly, against the vectorised loop bit for bit (f32 weights of 1,
+    // so out = x * r exactly as the reference rounds it).
+    const int ds[5] = {8, 64, 300, 4096, 4163};
+    for (int di = 0; di < 5; di++) {
+        const int dd = ds[di];
+        float *xr = malloc(sizeof(float) * dd), *o = malloc(sizeof(float) * dd), *w1 = malloc(sizeof(float) * dd);
+        fill(xr, NB_DTYPE_F32, (size_t)dd, 40.0f);
+        for (int j = 0; j < dd; j++) w1[j] = 1.0f;
+        nb_ref_rmsnorm(o, xr, w1, NB_DTYPE_F32, 1, dd, eps);
+        float a[64] = {0}, b[8];
+        for (int j = 0; j < dd; j++) {
+            const float t = xr[j] * xr[j];
+            a[j % 64] = a[j % 64] + t;
+        }
+        for (int e = 0; e < 8; e++)
+            b[e] = ((a[e] + a[8 + e]) + (a[16 + e] + a[24 + e])) + ((a[32 + e] + a[40 + e]) + (a[48 + e] + a[56 + e]));
+        const float ss = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+        const float r = 1.0f / sqrtf(ss / (float)dd + eps);
+        int off = 0;
+        for (int j = 0; j < dd; j++) off += nb_f32_bits(o[j]) != nb_f32_bits((xr[j] * r) * 1.0f);
+        CHECKF(off == 0, "rmsnorm d=%d: %d outputs off the 64-lane order", dd, off);
+        free(xr), free(o), free(w1);
+    }
 }
 
 static double llama3_ref(double base, double factor, double lo, double hi, double orig) {
