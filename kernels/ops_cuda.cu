@@ -4,6 +4,8 @@
 // compiler flags.
 #include "ops_cuda.h"
 
+#include "dtype_cuda.cuh"
+
 #include <math.h>
 
 namespace {
@@ -11,48 +13,11 @@ namespace {
 constexpr int kThreads = 256;
 
 // ------------------------------------------------------------ dtypes
-// NOTE: bit-for-bit ports of nb_dtype.h (host-only inline functions there),
-// including its NaN patterns, which cuda_fp16's conversions do not share.
-__device__ __forceinline__ float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0) {
-        if (man == 0) return __uint_as_float(sign);
-        float v = __fmul_rn((float)man, 1.0f / 16777216.0f); // exact
-        return sign ? -v : v;
-    }
-    if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13));
-    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_f16(float f) {
-    uint32_t u = __float_as_uint(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;
-    if (a >= 0x477ff000u) return sign | 0x7c00u;
-    if (a < 0x38800000u) {
-        float v = __fmul_rn(__uint_as_float(a), 16777216.0f);
-        uint32_t m = __float2uint_rz(v);
-        float rem = __fsub_rn(v, __uint2float_rn(m));
-        if (rem > 0.5f || (rem == 0.5f && (m & 1u))) m++;
-        return sign | (uint16_t)m;
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
-    return sign | (uint16_t)(((r >> 13) - (112u << 10)) & 0xffffu);
-}
+using nb_dt::bf16_to_f32;
+using nb_dt::f16_to_f32;
+using nb_dt::f32_to_bf16;
+using nb_dt::f32_to_f16;
+using nb_dt::f32_to_f16_sat;
 
 __device__ __forceinline__ float load_f32(const void *p, nb_dtype t, size_t i) {
     if (t == NB_DTYPE_F32) return ((const float *)p)[i];
@@ -78,12 +43,6 @@ unsigned grid_for(size_t n, int threads) {
     size_t b = (n + (size_t)threads - 1) / (size_t)threads;
     // NOTE: grid-stride loops below cover whatever the cap leaves over.
     return (unsigned)(b < 65535u * 16u ? (b ? b : 1) : 65535u * 16u);
-}
-
-// nb_f32_to_f16_sat: finite values past the f16 range to +-65504.
-__device__ __forceinline__ uint16_t f32_to_f16_sat(float f) {
-    const uint32_t u = __float_as_uint(f), a = u & 0x7fffffffu;
-    return a < 0x7f800000u && a >= 0x477ff000u ? (uint16_t)(((u >> 16) & 0x8000u) | 0x7bffu) : f32_to_f16(f);
 }
 
 // Element i of a fused op's converted output.
@@ -304,6 +263,7 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
                                      const float *v_in, int kv_stride, const int32_t *pos, int n_heads,
                                      const float *inv_freq, nb_kv_layout lay, void *fp, int layer,
                                      const int32_t *fpblock, const int32_t *slot) {
+    pdl_trigger(); // the decode attention after it reads neither q nor FP blocks before its wait
     const int r = blockIdx.x, hb = blockIdx.y, D = lay.head_dim, h = D / 2;
     const float p = (float)pos[r];
     const float *src;

@@ -20,6 +20,8 @@
 // are masks on the scores; nothing past position pos0 + n_rows - 1 is used.
 #include "paged_attention_cuda.h"
 
+#include "dtype_cuda.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -61,8 +63,28 @@ struct pa_kp {
     int n_chunks, upc, max_rows;
     int inv; // row-invariant split (nb_pa_args.fixed_chunk_groups > 0): chunks of groups, always merged
     int merge_rounds; // pa_merge_kernel: 1 forces its several-round path (tests: the same bits)
+    int pdl; // the tensor-core decode kernel was launched with programmatic stream serialization
+    void *ocvt; // nb_pa_args.out_cvt: outputs stored converted (pa_out)
+    int ocvt_dt, ocvt_sat;
     pa_plan pl;
 };
+
+// Programmatic dependent launch: waits for the grid launched before this one
+// on the stream (and what it waited for) to finish and its writes to be
+// visible; returns at once when this grid was launched without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Output element i (index into [rows][n_q_heads][D]): f32 to P.out, or
+// converted to P.ocvt.
+__device__ __forceinline__ void pa_out(const pa_kp &P, size_t i, float v) {
+    if (!P.ocvt) {
+        P.out[i] = v;
+        return;
+    }
+    ((uint16_t *)P.ocvt)[i] = P.ocvt_dt == NB_DTYPE_BF16 ? nb_dt::f32_to_bf16(v)
+                              : P.ocvt_sat                ? nb_dt::f32_to_f16_sat(v)
+                                                          : nb_dt::f32_to_f16(v);
+}
 
 __host__ __device__ constexpr int a16(int x) { return (x + 15) & ~15; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -552,7 +574,7 @@ __global__ void __launch_bounds__(NT) pa_chunk_kernel(const pa_kp P) {
         const size_t pi = pidx(m);
         if (P.n_chunks == 1) {
             const int mg = m0 + m, r = mg / g, h = kvh * g + mg % g;
-            P.out[((size_t)(S.row_off + r) * P.n_q_heads + h) * D + c] = o / lrun[m];
+            pa_out(P, ((size_t)(S.row_off + r) * P.n_q_heads + h) * D + c, o / lrun[m]);
         } else {
             P.ws_o[pi * D + c] = o;
             if (c == 0) {
@@ -608,6 +630,10 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
     // Launched as a programmatic dependent of the decode kernel (see
     // launch_merge): the partials are read only once that grid is complete.
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    // The next kernel, when launched with the attribute (a quantized
+    // matmul reading out_cvt), may start its weight stream now; it reads
+    // the output only after its own wait for this grid.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     MTRACE(1);
     const int D = P.pl.D, n = P.n_chunks;
     const size_t stride = (size_t)P.max_rows * P.n_q_heads;
@@ -654,7 +680,7 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
 #pragma unroll
     for (int w = 1; w < MNT / 32; w++) mx = fmaxf(mx, wmax[w]);
 
-    float *out = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + h) * D;
+    const size_t out0 = ((size_t)(S.row_off + r) * P.n_q_heads + h) * D;
     float lsum = 0.0f;
     if (vec == 4) { // D % 4 == 0: float4 columns
         const int grp = tid / dv, d4 = tid % dv;
@@ -704,7 +730,7 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
                     l = fmaf(li, f, l);
                 }
             }
-            out[d] = o / l;
+            pa_out(P, out0 + d, o / l);
         }
         return;
     }
@@ -715,7 +741,7 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
     for (int d = tid; d < D; d += MNT) {
         float o = 0.0f;
         for (int g2 = 0; g2 < ng; g2++) o += red[g2 * D + d];
-        out[d] = o * inv;
+        pa_out(P, out0 + d, o * inv);
     }
     MTRACE(2);
 }
@@ -947,7 +973,7 @@ __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S
             }
         }
         if (P.n_chunks == 1 && !P.inv) {
-            P.out[((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c] = o / l;
+            pa_out(P, ((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c, o / l);
         } else {
             const size_t pi = dec_pidx(P, seq, chunk, kvh, m);
             P.ws_o[pi * D + c] = o;
@@ -1459,9 +1485,25 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     }
 #endif
     if ((st = use_workspace(kp, a, TC_D, kp.n_chunks > 1 || kp.inv)) != NB_OK) return st;
-    dim3 grid((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
-    kern<<<grid, C::NT, C::SMEM, stream>>>(kp);
-    if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+    // Programmatic stream serialization when the caller allows it
+    // (nb_pa_args.pdl; NB_PA_TC_PDL=0 in the environment turns it off, read
+    // per call): the CTAs may start under the previous kernel and copy
+    // quantized tiles before they wait for it (see the prologue). Same bits
+    // either way.
+    const char *pe = getenv("NB_PA_TC_PDL");
+    kp.pdl = a->pdl && !(pe && pe[0] == '0');
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
+    cfg.blockDim = dim3(C::NT);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = kp.pdl ? 1 : 0;
+    if (cudaLaunchKernelEx(&cfg, kern, kp) != cudaSuccess || cudaGetLastError() != cudaSuccess)
+        return NB_ERR_BACKEND;
     if (kp.n_chunks > 1 || kp.inv) {
         if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;
     }
@@ -1730,8 +1772,11 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return NB_ERR_INVALID_ARG;
     if (a->n_q_heads < 1 || a->n_q_heads % a->lay.n_kv_heads || a->n_seqs < 1 || a->n_seqs > 65535 ||
         a->max_rows < 1 || a->max_tokens < 1 || a->max_rows > 65535 || a->max_chunks < 1 || !a->seqs ||
-        !a->q || !a->out || !a->fpblock_ids || !a->pools.fp)
+        !a->q || !(a->out || a->out_cvt) || !a->fpblock_ids || !a->pools.fp)
         return NB_ERR_INVALID_ARG;
+    if (a->out_cvt && (a->out_cvt_dt != NB_DTYPE_F16 && a->out_cvt_dt != NB_DTYPE_BF16))
+        return NB_ERR_INVALID_ARG;
+    if (a->out_cvt && a->out_cvt_sat && a->out_cvt_dt != NB_DTYPE_F16) return NB_ERR_INVALID_ARG;
     if (a->mode != NB_PA_FP_ONLY &&
         (!a->qblock_ids || !a->pools.upper || !a->pools.scales ||
          (a->mode == NB_PA_TARGET && !a->pools.lower)))
@@ -1769,6 +1814,9 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     kp.fptab = a->fpblock_ids;
     kp.q = a->q;
     kp.out = a->out;
+    kp.ocvt = a->out_cvt;
+    kp.ocvt_dt = (int)a->out_cvt_dt;
+    kp.ocvt_sat = a->out_cvt && a->out_cvt_sat;
     kp.max_rows = a->max_rows;
     kp.pl = L;
 

@@ -95,7 +95,14 @@ typedef struct nb_pa_args {
     int32_t max_rows;         // host bound: n_rows <= max_rows for every sequence
     int32_t max_tokens;       // host bound: pos0 + n_rows <= max_tokens for every sequence
     const float *q;           // device [sum n_rows][n_q_heads][D] f32 queries
-    float *out;               // device [sum n_rows][n_q_heads][D] f32 (out), normalized
+    float *out;               // device [sum n_rows][n_q_heads][D] f32 (out), normalized; NULL with out_cvt
+    // When not NULL, the output goes here instead of out, converted to
+    // out_cvt_dt (F16 or BF16, round to nearest even as nb_f32_to_f16 /
+    // nb_f32_to_bf16; with out_cvt_sat, F16 only, as nb_f32_to_f16_sat): the
+    // input of the next linear layer without a conversion pass of its own.
+    void *out_cvt;            // device [sum n_rows][n_q_heads][D] out_cvt_dt, or NULL
+    nb_dtype out_cvt_dt;
+    int32_t out_cvt_sat;
     void *workspace;          // device, nb_pa_workspace_size(...) bytes, 16-byte aligned
     size_t workspace_bytes;
     int32_t max_chunks;       // the max_chunks the workspace was sized for (split-K upper bound)
@@ -114,6 +121,14 @@ typedef struct nb_pa_args {
     // <= max_chunks (else NB_ERR_INVALID_ARG). Callers split longer verify
     // rows into several nb_pa_seq entries.
     int32_t fixed_chunk_groups;
+    // Nonzero: the kernel enqueued on the stream just before this call
+    // writes none of seqs, the block tables and the quantized pools (the
+    // engine's RoPE + KV write, which writes q and FP blocks). The
+    // tensor-core decode kernel is then launched with programmatic stream
+    // serialization: its CTAs may start while that kernel runs (it triggers
+    // at entry) and copy their first quantized tiles before they wait for
+    // it. Same results either way. 0: an ordinary launch.
+    int32_t pdl;
 } nb_pa_args;
 
 // Query vectors (rows x n_q_heads/n_kv_heads) per entry to cut a

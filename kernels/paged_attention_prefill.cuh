@@ -262,12 +262,18 @@ template <int TT, int MT> struct pf_cta {
                           ACC acc) const {
         const int mg = m0 + m, r = mg / gq, hq = kvh * gq + mg % gq;
         if (P.n_chunks == 1) {
-            float *o = P.out + ((size_t)(S.row_off + r) * P.n_q_heads + hq) * TC_D + 2 * t4;
+            const size_t o0 = ((size_t)(S.row_off + r) * P.n_q_heads + hq) * TC_D + 2 * t4;
             const float inv = 1.0f / lsum;
 #pragma unroll
-            for (int n = 0; n < 16; n++)
-                *(float2 *)(o + 8 * n) =
-                    make_float2(fmaf(acc(n, 0), dom, zsum) * inv, fmaf(acc(n, 1), dom, zsum) * inv);
+            for (int n = 0; n < 16; n++) {
+                const float v0 = fmaf(acc(n, 0), dom, zsum) * inv, v1 = fmaf(acc(n, 1), dom, zsum) * inv;
+                if (P.ocvt) {
+                    pa_out(P, o0 + 8 * n, v0);
+                    pa_out(P, o0 + 8 * n + 1, v1);
+                } else {
+                    *(float2 *)(P.out + o0 + 8 * n) = make_float2(v0, v1);
+                }
+            }
         } else {
             const size_t pi = pidx(P, m);
             float *o = P.ws_o + pi * TC_D + 2 * t4;

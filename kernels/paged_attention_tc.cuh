@@ -404,6 +404,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         ke = slice_at(W * (chunk + 1) / P.n_chunks);
     }
     if (ks >= ke) {
+        if (P.pdl) pdl_wait(); // the workspace may still be read by the call before this one
         dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
@@ -466,8 +467,11 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     bool it_fp = false;
     // quantized: upper-plane rows, scales record, lower-plane rows; FP: K rows, V rows
     const uint8_t *it_b0 = nullptr, *it_b1 = nullptr, *it_b2 = nullptr;
-    // Writes the descriptor of the warp's next tile into `slot` and starts its copies.
-    auto issue = [&](int slot) {
+    // Writes the descriptor of the warp's next tile into `slot` and starts
+    // its copies. fp_ok false (before griddepcontrol.wait): stops, issuing
+    // nothing and returning false, at the first FP tile (FP blocks are
+    // written by the kernel just before this one: the new rows' K and V).
+    auto issue = [&](int slot, bool fp_ok) -> bool {
         uint64_t *bar = wbar + slot;
         uint8_t *dst = wring + slot * C::SLOT;
         for (;;) {
@@ -487,7 +491,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                     wdesc[slot] = make_int4(0, 0, TCF_END, 0);
                     mbar_arrive_tx(bar, 0);
                 }
-                return;
+                return true;
             }
             const int kq = spu2 ? it_k >> lspu : it_k / spu;
             const int kr = it_k - kq * spu;
@@ -545,8 +549,9 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                     bulk_g2s(dst + C::Q_VS, it_b1 + (2 * D + t0) * es, nt * es, bar);
                     bulk_g2s(dst + C::Q_VZ, it_b1 + (2 * D + G + t0) * es, nt * es, bar);
                 }
-                return;
+                return true;
             }
+            if (!fp_ok) return false; // the unit is set up; nothing else moved
             // FP: 16-token tiles, two per nominal slice
             const int t0 = kr * 32 + 16 * it_half;
             const int tl = min(16, it_ntok - t0);
@@ -566,14 +571,24 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                 bulk_g2s(dst + C::F_K, it_b0 + (size_t)t0 * D * es, 16 * D * es, bar);
                 bulk_g2s(dst + C::F_V, it_b1 + (size_t)t0 * D * es, 16 * D * es, bar);
             }
-            return;
+            return true;
         }
     };
-    // q's loads, then every warp's first tile, then q to shared memory and as
-    // B fragments of both maps (2 x 32 lanes x 32 words), then the other
-    // slots. q goes first so it does not queue behind the copies; the copy
-    // engine serves an SM's requests roughly in order, so every warp gets
-    // its first tile early.
+    // Launched with programmatic stream serialization (kp.pdl), the CTA may
+    // start while the kernel before it runs (the engine's RoPE + KV write):
+    // it copies its quantized tiles (the tables and quantized pools are
+    // written by no kernel of a forward pass) and only then waits for that
+    // kernel, before it reads q, FP blocks or the workspace. Otherwise q's
+    // loads go first, then every warp's first tile, then q to shared memory
+    // and as B fragments of both maps (2 x 32 lanes x 32 words), then the
+    // other slots: q does not queue behind the copies, and as the copy
+    // engine serves an SM's requests roughly in order, every warp gets its
+    // first tile early.
+    int pre = 0; // slots issued before griddepcontrol.wait
+    if (P.pdl) {
+        while (pre < NSW && issue(pre, false)) pre++;
+        pdl_wait();
+    }
     constexpr int KQ = (MV * D / 4 + NT - 1) / NT; // float4 of q per thread
     static_assert(KQ <= 2, "q: two float4 per thread at most");
     float4 qv[KQ];
@@ -585,7 +600,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             qv[k] = *(const float4 *)(P.q + ((size_t)(S.row_off + m / gq) * P.n_q_heads + kvh * gq + m % gq) * D +
                                       4 * c4);
     }
-    issue(0);
+    if (pre == 0) issue(pre++, true);
 #pragma unroll
     for (int k = 0; k < KQ; k++) {
         const int i = tid + k * NT;
@@ -607,7 +622,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         }
     }
 #pragma unroll 1
-    for (int s = 1; s < NSW; s++) issue(s);
+    for (int s = pre; s < NSW; s++) issue(s, true);
     __syncthreads();
     TC_TRACE(1);
 
@@ -1114,7 +1129,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         // The slot is consumed: refill it with the tile NSW ahead.
         __syncwarp();
         if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        issue(slot);
+        issue(slot, true);
         if (++slot == NSW) {
             slot = 0;
             par ^= 1;

@@ -803,10 +803,18 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         }
         pa.layer = l;
         pa.q = be->q;
-        pa.out = be->att;
+        pa.pdl = 1; // the kernel before is the RoPE + KV write: q and FP blocks only
+        // The attention writes what the o projection reads (converted, when
+        // one copy serves it), as the RMSNorm stages do.
+        const lin_path po = path_of(be, &L->wo, mode);
+        stage_out ao;
+        CK(stage_plan(be, be->att, po, po, &ao, &xd, &xq), "attention output");
+        pa.out = ao.f32;
+        pa.out_cvt = ao.cvt.p;
+        pa.out_cvt_dt = ao.cvt.dt;
+        pa.out_cvt_sat = ao.cvt.sat;
         CK(nb_pa_attention(&pa, S), "attention");
-        CK(stage_in(be, be->att, R, Hq, path_of(be, &L->wo, mode), path_of(be, &L->wo, mode), &xd, &xq),
-           "convert");
+        if (ao.generic) CK(stage_in(be, be->att, R, Hq, po, po, &xd, &xq), "convert");
         CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
         const dlin *g0 = be->fgu ? &L->gu : &L->gate, *g1 = be->fgu ? &L->gu : &L->up;
         CK(norm_stage(be, be->tmp, L->ffn_norm, L->ffn_norm_dt, R, path_of(be, g0, mode), path_of(be, g1, mode),

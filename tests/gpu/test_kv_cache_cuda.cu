@@ -27,6 +27,7 @@ extern "C" {
 #include "nb_dtype.h"
 }
 #include "kv_cache_cuda.h"
+#include "ops_cuda.h"
 #include "paged_attention_cuda.h"
 
 #include "../nb_cuda_check.h"
@@ -285,10 +286,18 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
                           int Hq, const float *q_h, float *out_h, int total_rows, int max_chunks,
                           float scale);
 
-// The merge kernel's one-round path (partials held in registers) against its
-// several-round path (NB_PA_MERGE_ROUNDS=1): the same call must give the
-// same bits, within tolerance of the reference. Returns the number of
-// failures (0 or 1); calls without a merge compare trivially.
+// Call variants that must give the same bits as the plain call (whose
+// values must be within tolerance of the reference): the merge kernel's
+// several-round path (NB_PA_MERGE_ROUNDS=1) against its one-round path
+// (partials held in registers); nb_pa_args.pdl = 1 (the tensor-core kernel
+// launched with programmatic stream serialization, its quantized tiles
+// copied before its griddepcontrol.wait); and out_cvt in f16, f16
+// saturating and bf16, which must hold nb_dtype.h's conversion of each f32
+// output. Returns the number of failures (0 or 1).
+static int g_pdl = 0;             // nb_pa_args.pdl for run_cuda
+static int g_chain = 0; // 1|2: q comes from nb_cuda_rope_write_kv just before the call (2: synchronized between)
+static nb_dtype g_cvt_dt = NB_DTYPE_F32; // F16/BF16: run_cuda passes out_cvt (out NULL) and returns
+static int g_cvt_sat = 0;                // the 16-bit results as floats 0..65535
 static long check_merge_paths(const pools_hd *p, int layer, nb_pa_mode mode, const seq_case *cs, int n, int Hq,
                               const float *q, const float *ref, int total_rows, int max_chunks, float scale,
                               const char *what) {
@@ -298,15 +307,46 @@ static long check_merge_paths(const pools_hd *p, int layer, nb_pa_mode mode, con
     setenv("NB_PA_MERGE_ROUNDS", "1", 1);
     nb_status s2 = run_cuda(p, layer, mode, cs, n, Hq, q, o2, total_rows, max_chunks, scale);
     unsetenv("NB_PA_MERGE_ROUNDS");
-    const bool same = s1 == NB_OK && s2 == NB_OK && memcmp(o1, o2, qn * 4) == 0;
+    bool same = s1 == NB_OK && s2 == NB_OK && memcmp(o1, o2, qn * 4) == 0;
+    g_pdl = 1;
+    nb_status s3 = run_cuda(p, layer, mode, cs, n, Hq, q, o2, total_rows, max_chunks, scale);
+    bool same_pdl = s1 == NB_OK && s3 == NB_OK && memcmp(o1, o2, qn * 4) == 0;
+    // The engine's order: q rotated by nb_cuda_rope_write_kv (which
+    // triggers dependent launch at entry) right before the call, its CTAs
+    // free to start under it; q is poisoned before the rope runs, so a read
+    // of q before the kernel's wait shows. Against the same chain with a
+    // device synchronize in between (and no pdl), bit for bit.
+    g_chain = 1;
+    s3 = run_cuda(p, layer, mode, cs, n, Hq, q, o2, total_rows, max_chunks, scale);
+    g_pdl = 0;
+    g_chain = 2;
+    float *o3 = (float *)malloc(qn * 4);
+    nb_status s4 = run_cuda(p, layer, mode, cs, n, Hq, q, o3, total_rows, max_chunks, scale);
+    g_chain = 0;
+    same_pdl = same_pdl && s3 == NB_OK && s4 == NB_OK && memcmp(o2, o3, qn * 4) == 0;
+    free(o3);
+    bool same_cvt = s1 == NB_OK;
+    const nb_dtype cdt[3] = {NB_DTYPE_F16, NB_DTYPE_F16, NB_DTYPE_BF16};
+    for (int v = 0; v < 3 && same_cvt; v++) {
+        g_cvt_dt = cdt[v];
+        g_cvt_sat = v == 1;
+        same_cvt = run_cuda(p, layer, mode, cs, n, Hq, q, o2, total_rows, max_chunks, scale) == NB_OK;
+        for (size_t i = 0; i < qn && same_cvt; i++) {
+            const uint16_t want = v == 2 ? nb_f32_to_bf16(o1[i]) : v == 1 ? nb_f32_to_f16_sat(o1[i])
+                                                                          : nb_f32_to_f16(o1[i]);
+            same_cvt = o2[i] == (float)want;
+        }
+        g_cvt_dt = NB_DTYPE_F32;
+        g_cvt_sat = 0;
+    }
     double w = 0.0;
     const long off = cmp_vals(ref, o1, qn, &w);
-    if (!same || off)
-        printf("  %s: merge kernel paths %s, %ld values off the reference\n", what, same ? "equal" : "DIFFER",
-               off);
+    if (!same || !same_pdl || !same_cvt || off)
+        printf("  %s: merge kernel paths %s, pdl %s, converted outputs %s, %ld values off the reference\n", what,
+               same ? "equal" : "DIFFER", same_pdl ? "equal" : "DIFFERS", same_cvt ? "equal" : "DIFFER", off);
     free(o1);
     free(o2);
-    return !same || off;
+    return !same || !same_pdl || !same_cvt || off;
 }
 
 // Runs the CUDA kernel on a batch of sequences over pools already on device.
@@ -352,6 +392,32 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     CUDA_OK(cudaMalloc(&ws, wsb));
     CUDA_OK(cudaMemcpy(dq, q_h, qn * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xFF, qn * 4)); // NaN: every output must be written
+    float *dqin = NULL, *dkv = NULL, *dfreq = NULL;
+    int32_t *dpos = NULL, *dneg = NULL;
+    if (g_chain) { // q_h is the rope's input; the skipped K/V rows write nothing (block -1)
+        const int Hkv = p->lay.n_kv_heads * D;
+        int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * total_rows), *neg = (int32_t *)malloc(sizeof(int32_t) * total_rows);
+        float *freq = (float *)malloc(sizeof(float) * (D / 2));
+        for (int r = 0; r < total_rows; r++) pos[r] = 17 * r + 3, neg[r] = -1;
+        for (int i = 0; i < D / 2; i++) freq[i] = powf(10000.0f, -2.0f * i / D);
+        CUDA_OK(cudaMalloc(&dqin, qn * 4));
+        CUDA_OK(cudaMalloc(&dkv, (size_t)total_rows * Hkv * 4 + 4));
+        CUDA_OK(cudaMalloc(&dfreq, sizeof(float) * (D / 2)));
+        CUDA_OK(cudaMemcpy(dqin, q_h, qn * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(dkv, 0, (size_t)total_rows * Hkv * 4 + 4));
+        CUDA_OK(cudaMemcpy(dfreq, freq, sizeof(float) * (D / 2), cudaMemcpyHostToDevice));
+        dpos = dev_ints(pos, total_rows);
+        dneg = dev_ints(neg, total_rows);
+        CUDA_OK(cudaMemset(dq, 0xFF, qn * 4)); // poisoned until the rope writes it
+        CUDA_OK(cudaDeviceSynchronize());
+        if (nb_cuda_rope_write_kv(dq, dqin, Hq * D, dkv, dkv, Hkv, dpos, total_rows, Hq, dfreq, &p->lay,
+                                  p->d.fp, layer, dneg, dneg, 0) != NB_OK) {
+            printf("  rope before the call: refused\n");
+            g_fail++;
+        }
+        if (g_chain == 2) CUDA_OK(cudaDeviceSynchronize());
+        free(pos), free(neg), free(freq);
+    }
     nb_pa_args a;
     memset(&a, 0, sizeof(a));
     a.lay = p->lay;
@@ -373,10 +439,41 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     a.workspace_bytes = wsb;
     a.max_chunks = max_chunks;
     a.fixed_chunk_groups = g_fixed_groups;
+    a.pdl = g_pdl;
+    if (g_cvt_dt != NB_DTYPE_F32) { // dout (poisoned) holds the 16-bit outputs
+        a.out = NULL;
+        a.out_cvt = dout;
+        a.out_cvt_dt = g_cvt_dt;
+        a.out_cvt_sat = g_cvt_sat;
+        // Refused before anything runs: a 32-bit or unknown out_cvt_dt,
+        // saturation with bf16, no output at all.
+        nb_pa_args b = a;
+        b.out_cvt_dt = NB_DTYPE_F32;
+        const nb_status e1 = nb_pa_attention(&b, 0);
+        b.out_cvt_dt = (nb_dtype)77;
+        const nb_status e2 = nb_pa_attention(&b, 0);
+        b = a;
+        b.out_cvt_dt = NB_DTYPE_BF16;
+        b.out_cvt_sat = 1;
+        const nb_status e3 = nb_pa_attention(&b, 0);
+        b = a;
+        b.out_cvt = NULL;
+        const nb_status e4 = nb_pa_attention(&b, 0);
+        if (e1 != NB_ERR_INVALID_ARG || e2 != NB_ERR_INVALID_ARG || e3 != NB_ERR_INVALID_ARG ||
+            e4 != NB_ERR_INVALID_ARG) {
+            printf("  out_cvt arguments: not refused (%d %d %d %d)\n", (int)e1, (int)e2, (int)e3, (int)e4);
+            g_fail++;
+        }
+    }
     nb_status st = nb_pa_attention(&a, 0);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
+    if (g_cvt_dt != NB_DTYPE_F32) {
+        const uint16_t *h16 = (const uint16_t *)out_h;
+        for (size_t i = qn; i-- > 0;) out_h[i] = (float)h16[i]; // backwards: in place
+    }
     cudaFree(dsq); cudaFree(dqt); cudaFree(dft); cudaFree(dq); cudaFree(dout); cudaFree(ws);
+    cudaFree(dqin); cudaFree(dkv); cudaFree(dfreq); cudaFree(dpos); cudaFree(dneg);
     free(sq); free(qt); free(ft);
     return st;
 }
