@@ -7,6 +7,7 @@
 #include "dtype_cuda.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -266,6 +267,17 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
     pdl_trigger(); // the decode attention after it reads neither q nor FP blocks before its wait
     const int r = blockIdx.x, hb = blockIdx.y, D = lay.head_dim, h = D / 2;
     const float p = (float)pos[r];
+    // The first (cos, sin) pair of this thread depends only on the position
+    // (uploaded before the pass) and the frequencies: computed before the
+    // wait for the projection that writes q, k and v (launched with
+    // programmatic stream serialization, the block may start under it).
+    float c0 = 0.0f, s0 = 0.0f;
+    if ((int)threadIdx.x < h) {
+        const float a = __fmul_rn(p, inv_freq[threadIdx.x]);
+        c0 = __double2float_rn(cos((double)a));
+        s0 = __double2float_rn(sin((double)a));
+    }
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     const float *src;
     size_t ko = 0, vo = 0;
     float *dst = nullptr;
@@ -283,8 +295,12 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
         for (int c = threadIdx.x; c < D; c += blockDim.x) store_f32(fp, lay.dtype, vo + c, vs[c]);
     }
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
-        const float a = __fmul_rn(p, inv_freq[i]);
-        const float c = __double2float_rn(cos((double)a)), sn = __double2float_rn(sin((double)a));
+        float c = c0, sn = s0;
+        if (i != (int)threadIdx.x) {
+            const float a = __fmul_rn(p, inv_freq[i]);
+            c = __double2float_rn(cos((double)a));
+            sn = __double2float_rn(sin((double)a));
+        }
         const float x0 = src[i], x1 = src[i + h];
         const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
         const float y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
@@ -364,8 +380,26 @@ extern "C" nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int 
     if (q_out == q_in && q_stride != n_heads * D) return NB_ERR_INVALID_ARG;
     const int threads = D / 2 < 32 ? 32 : D / 2 > kThreads ? kThreads : (D / 2 + 31) / 32 * 32;
     dim3 grid((unsigned)n, (unsigned)(n_heads + lay->n_kv_heads));
-    rope_write_kv_kernel<<<grid, threads, 0, stream>>>(q_out, q_in, q_stride, k_in, v_in, kv_stride, pos,
-                                                        n_heads, inv_freq, *lay, fp, layer, fpblock, slot);
+    // Programmatic stream serialization (NB_ROPE_PDL=0 in the environment
+    // turns it off): the blocks may start while the projection before them
+    // drains and compute their rotation angles there. Same bits either way.
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *e = getenv("NB_ROPE_PDL");
+        pdl = !(e && e[0] == '0');
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    if (cudaLaunchKernelEx(&cfg, rope_write_kv_kernel, q_out, q_in, q_stride, k_in, v_in, kv_stride, pos, n_heads,
+                           inv_freq, *lay, fp, layer, fpblock, slot) != cudaSuccess)
+        return NB_ERR_BACKEND;
     return launch_status();
 }
 

@@ -97,7 +97,11 @@ nb_status nb_cuda_add_rmsnorm(float *x /*[n][d] f32, in/out*/, const float *res 
 // 2*Hkv. Returns NB_ERR_INVALID_ARG for an invalid layout or layer, D >
 // 1024, n < 0, strides shorter than a row, or NULL pointers with n > 0.
 // The kernel triggers programmatic dependent launch at entry (a decode
-// attention launched after it with nb_pa_args.pdl may start early).
+// attention launched after it with nb_pa_args.pdl may start early), and is
+// itself launched with programmatic stream serialization (NB_ROPE_PDL=0 in
+// the environment: not): it reads pos and inv_freq, computing its first
+// rotation angles, before it waits for the kernel before it, so that kernel
+// must not write those two (the engine uploads them before the pass).
 nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int q_stride, const float *k_in,
                                 const float *v_in, int kv_stride, const int32_t *pos /*[n]*/, int n,
                                 int n_heads, const float *inv_freq /*[D/2]*/, const nb_kv_layout *lay,
