@@ -78,7 +78,9 @@ typedef struct nb_cuda_cvt {
 // (nb_store_f32 or nb_f32_to_f16_sat). x is updated in place when res is
 // given; out (f32) and cvt.p may each be NULL, not both; out must not equal
 // x when res is given. Returns NB_ERR_INVALID_ARG as nb_cuda_rmsnorm, and for
-// an unsupported cvt or NULL pointers.
+// an unsupported cvt or NULL pointers. Launched with programmatic stream
+// serialization (NB_NORM_PDL=0 in the environment: not): w is read before
+// the kernel waits for the one before it, x and res after.
 nb_status nb_cuda_add_rmsnorm(float *x /*[n][d] f32, in/out*/, const float *res /*[n][d] f32 or NULL*/,
                               const void *w /*[d] dt*/, nb_dtype dt, int n, int d, float eps,
                               float *out /*[n][d] f32 or NULL*/, nb_cuda_cvt cvt /*[n][d]*/,
@@ -113,7 +115,9 @@ nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int q_stride, c
 // nb_cuda_silu_mul, stored to out[r*I + i] (f32, if not NULL) and/or cvt
 // (as nb_cuda_add_rmsnorm's). With a fused gate/up projection output
 // [n][2I]: gate = gu, up = gu + I, stride 2I. Returns NB_ERR_INVALID_ARG for
-// n < 0, I < 1, stride < I, an unsupported cvt or NULL pointers.
+// n < 0, I < 1, stride < I, an unsupported cvt or NULL pointers. Launched
+// with programmatic stream serialization (NB_SILU_PDL=0: not); it reads
+// nothing before it waits for the kernel before it.
 nb_status nb_cuda_silu_mul_cvt(float *out /*[n][I] f32 or NULL*/, nb_cuda_cvt cvt /*[n][I]*/,
                                const float *gate, const float *up, int stride, int n, int I,
                                cudaStream_t stream);

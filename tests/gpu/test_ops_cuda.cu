@@ -494,6 +494,43 @@ static void test_silu_mul_cvt() {
             elems, cmism, inexact, (long long)max_ulp);
 }
 
+// The fused ops launched right after one another as the engine launches
+// them: silu_mul_cvt writes the residual the RMSNorm adds. Both are
+// launched with programmatic stream serialization (unless NB_SILU_PDL /
+// NB_NORM_PDL = 0), so each block may start before the kernel before it
+// ends and must read what that kernel writes only after its wait. 24 chains
+// of 512 x 4096; each norm must equal nb_ref_add + nb_ref_rmsnorm on the
+// downloaded residual, and each residual nb_cuda_silu_mul's, bit for bit.
+static void test_fused_chain() {
+    const int n = 512, d = 4096;
+    long mism = 0;
+    std::vector<float> gu((size_t)n * 2 * d), y((size_t)n * d), g((size_t)n * d), u((size_t)n * d);
+    std::vector<uint8_t> w = make_dtype_buf((size_t)d, NB_DTYPE_BF16, false);
+    dbuf<uint8_t> dw(w);
+    for (int rep = 0; rep < 24; rep++) {
+        for (auto &v : gu) v = rnd_range(-8.0f, 8.0f);
+        for (auto &v : y) v = rnd_normal();
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < d; i++) {
+                g[(size_t)r * d + i] = gu[(size_t)r * 2 * d + i];
+                u[(size_t)r * d + i] = gu[(size_t)r * 2 * d + d + i];
+            }
+        dbuf<float> dgu(gu), dy(y), dres((size_t)n * d), dout((size_t)n * d), dg(g), du(u), dsep((size_t)n * d);
+        NB_CHECK(nb_cuda_silu_mul(dsep.p, dg.p, du.p, g.size(), 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        NB_CHECK(nb_cuda_silu_mul_cvt(dres.p, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, dgu.p, dgu.p + d, 2 * d, n, d,
+                                      0));
+        NB_CHECK(nb_cuda_add_rmsnorm(dy.p, dres.p, dw.p, NB_DTYPE_BF16, n, d, 1e-5f, dout.p,
+                                     nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, 0));
+        std::vector<float> res = dres.down(), sep = dsep.down(), got = dout.down(), xr(y.size()), ref(y.size());
+        nb_ref_add(xr.data(), y.data(), sep.data(), y.size());
+        nb_ref_rmsnorm(ref.data(), xr.data(), w.data(), NB_DTYPE_BF16, n, d, 1e-5f);
+        for (size_t i = 0; i < got.size(); i++) mism += !same_bits(got[i], ref[i]) || !same_bits(res[i], sep[i]);
+    }
+    summary(mism == 0, "fused_chain", "24 chains silu_mul_cvt -> add_rmsnorm back to back (programmatic launch), "
+            "512 x 4096: %ld mismatches (contract: 0)", mism);
+}
+
 static void test_rope_write_kv() {
     const nb_dtype dts[] = {NB_DTYPE_F32, NB_DTYPE_F16, NB_DTYPE_BF16};
     const int Ds[] = {8, 64, 128};
@@ -1113,6 +1150,7 @@ int main() {
     test_write_kv();
     test_add_rmsnorm();
     test_silu_mul_cvt();
+    test_fused_chain();
     test_rope_write_kv();
     test_convert();
     test_philox();
