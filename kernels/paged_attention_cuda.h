@@ -121,13 +121,16 @@ typedef struct nb_pa_args {
     // <= max_chunks (else NB_ERR_INVALID_ARG). Callers split longer verify
     // rows into several nb_pa_seq entries.
     int32_t fixed_chunk_groups;
-    // Nonzero: the kernel enqueued on the stream just before this call
-    // writes none of seqs, the block tables and the quantized pools (the
-    // engine's RoPE + KV write, which writes q and FP blocks). The
-    // tensor-core decode kernel is then launched with programmatic stream
-    // serialization: its CTAs may start while that kernel runs (it triggers
-    // at entry) and copy their first quantized tiles before they wait for
-    // it. Same results either way. 0: an ordinary launch.
+    // Nonzero: no kernel that may still run when this call's kernel starts
+    // writes seqs, the block tables or the quantized pools: the kernel
+    // enqueued just before it and, when that one was itself launched with
+    // programmatic serialization and triggers before its wait, the ones
+    // before it (in the engine: RoPE + KV write, the q|k|v projection and
+    // the RMSNorm's tail, which write q, k, v, FP blocks and activations).
+    // The tensor-core decode kernel is then launched with programmatic
+    // stream serialization: its CTAs may start early and copy their first
+    // quantized tiles before they wait for the kernel before them. Same
+    // results either way. 0: an ordinary launch.
     int32_t pdl;
 } nb_pa_args;
 
