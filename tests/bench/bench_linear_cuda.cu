@@ -10,7 +10,7 @@
 // timed replays (CUDA events) give the median time per launch. Inputs are
 // random, never zeros. Speed is reported, never asserted.
 //
-// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep | --dense [--quick | --sweep]]
+// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep [M K]... | --dense [--quick | --sweep]]
 //   --quick: one shape, n = 1, for CI; --only: that one configuration (for
 //   profilers); --gemv-sweep: only the decode kernel's variants and grid
 //   sizes (nb_cuda_matmul_wq_set_gemv_variant, _set_blocks_per_sm) at
@@ -247,13 +247,26 @@ int main(int argc, char **argv) {
     const int only = argc == 5 && strcmp(argv[1], "--only") == 0;
     const int only_m = only ? atoi(argv[2]) : 0, only_k = only ? atoi(argv[3]) : 0;
     const int only_n = only ? atoi(argv[4]) : 0;
-    const int gsweep = argc == 2 && strcmp(argv[1], "--gemv-sweep") == 0;
+    // --gemv-sweep [M K]...: the sweep on up to three given shapes (e.g. the
+    // engine's stacked q|k|v and gate|up) instead of the three Llama shapes.
+    const int gsweep = argc >= 2 && argc <= 8 && argc % 2 == 0 && strcmp(argv[1], "--gemv-sweep") == 0;
+    const int gshapes = gsweep ? (argc - 2) / 2 : 0;
     const int dense = argc >= 2 && argc <= 3 && strcmp(argv[1], "--dense") == 0 &&
                       (argc == 2 || strcmp(argv[2], "--quick") == 0 || strcmp(argv[2], "--sweep") == 0);
     const int dsweep = dense && argc == 3 && strcmp(argv[2], "--sweep") == 0;
     if (argc > 1 && !quick && !only && !gsweep && !dense) {
-        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep | --dense [--quick | --sweep]]\n");
+        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep [M K]... | --dense [--quick | --sweep]]\n");
         return 2;
+    }
+    int gsh[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+    for (int i = 0; i < gshapes; i++) {
+        gsh[i][0] = atoi(argv[2 + 2 * i]);
+        gsh[i][1] = atoi(argv[3 + 2 * i]);
+        if (gsh[i][0] <= 0 || gsh[i][0] > (1 << 20) || gsh[i][1] <= 0 || gsh[i][1] > (1 << 20) ||
+            gsh[i][1] % NB_WQ_GROUP) {
+            fprintf(stderr, "bench_linear_cuda: --gemv-sweep M K needs 0 < M, K <= 2^20, K %% %d == 0\n", NB_WQ_GROUP);
+            return 2;
+        }
     }
     if (only && (only_m <= 0 || only_k <= 0 || only_k % NB_WQ_GROUP || only_n < 1 || only_n > 16)) {
         fprintf(stderr, "bench_linear_cuda: --only M K N needs M > 0, K %% %d == 0, 1 <= N <= 16\n",
@@ -309,6 +322,14 @@ int main(int argc, char **argv) {
         memcpy(batches, gb, sizeof gb);
     }
     int n_shapes = quick ? 1 : 3, n_batches = quick ? 1 : 5;
+    char gnames[3][32];
+    for (int i = 0; i < gshapes; i++) {
+        shapes[i][0] = gsh[i][0];
+        shapes[i][1] = gsh[i][1];
+        snprintf(gnames[i], sizeof gnames[i], "%dx%d", gsh[i][0], gsh[i][1]);
+        names[i] = gnames[i];
+    }
+    if (gshapes) n_shapes = gshapes;
     const int reps = quick ? 3 : 15;
     if (only) {
         shapes[0][0] = only_m;

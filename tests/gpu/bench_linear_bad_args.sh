@@ -11,7 +11,14 @@ for args in "--bogus" "--quick extra" "--gemv-sweep 1" "--only 4096 4096" "--onl
     "--only 4096 4096 1 9" "--dense x" "--dense --quick --sweep" "--sweep"; do
     refused "$bench" "$args" "--only M K N"
 done
-for args in "--quick" "--only 512 512 1" "--dense --quick"; do
+# --gemv-sweep with shapes: pairs, at most three, K a multiple of the group
+for args in "--gemv-sweep 0 4096" "--gemv-sweep 4096 100" "--gemv-sweep 4096 -128" "--gemv-sweep x 4096"; do
+    refused "$bench" "$args" "--gemv-sweep M K needs"
+done
+for args in "--gemv-sweep 512 512 1" "--gemv-sweep 512 512 512 512 512 512 512 512"; do
+    refused "$bench" "$args" "--only M K N"
+done
+for args in "--quick" "--only 512 512 1" "--dense --quick" "--gemv-sweep 512 512"; do
     accepted "$bench" "$args"
 done
 [ $fail -eq 0 ] && echo "PASS bench_linear_cuda argument checks"
