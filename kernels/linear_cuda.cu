@@ -878,7 +878,7 @@ bool pdl_on() {
 // only, the others always take variant 0; in the 8-bit view the R = 2
 // forms measured within 1% at n = 5-6 and 5% faster only for 14336x4096 at
 // n = 8, 5-15% slower for 4096x14336, session 19): variant 0 (8, 2, 2, 1) up to 4
-// rows of x (on an H100 variants 1 and 2 were 5-35% slower at the Llama
+// rows of x but for short streams (gemv_builtin) (on an H100 variants 1 and 2 were 5-35% slower at the Llama
 // shapes at n = 1, and at n = 4 all but one cell; 4 blocks of 64 registers
 // spill: docs/benchmarks.md, session 17); from 5 rows, where the x
 // fragments (one per row of x and weight tile) cost more, R = 2 (variants 3
@@ -1035,10 +1035,23 @@ int gemv2_builtin(bool lower, int m, cudaError_t *err) {
 // The built-in variant for n <= 8, f16 4-bit view (see kGvVars): 0 below
 // kGemvR2MinN rows; from there 32-row items (the x fragments per weight
 // byte halved), one block per SM (4) unless that leaves > 10% of the SMs
-// idle (3, two blocks per SM).
+// idle (3, two blocks per SM). Below kGemvR2MinN rows too for short
+// streams: k <= 4096 and at most two 16-row tiles per block at two blocks
+// per SM, where the launch's fixed costs weigh most (session 30, H100,
+// us at n = 1 / 4: 4096x4096 5.13 / 5.98 -> 5.00 / 5.64 with variant 4;
+// the engine's q|k|v 6144x4096 6.89 / 7.66 -> 6.73 / 7.11 with variant 3;
+// gate|up 28672x4096 23.22 / 24.09 against 23.54 / 24.61 stays on 0, as
+// 4096x14336 does: 14.91 -> 15.33 at n = 4, session 19).
 constexpr int kGemvR2MinN = 5;
-int gemv_builtin(bool lower, bool f16, int n, int m, cudaError_t *err) {
-    if (lower || !f16 || n < kGemvR2MinN) return 0;
+int gemv_builtin(bool lower, bool f16, int n, int m, int k, cudaError_t *err) {
+    if (lower || !f16) return 0;
+    if (n < kGemvR2MinN) {
+        int dev = 0;
+        const int sms = sm_count(&dev, err);
+        if (*err != cudaSuccess) return 0;
+        const bool short_stream = k <= 4096 && (long)(m + 15) / 16 <= 4L * sms;
+        if (!short_stream) return 0;
+    }
     const bool fills = r2_one_per_sm_fills(m, err);
     return fills ? 4 : 3;
 }
@@ -1047,7 +1060,7 @@ template <typename XT, bool LOWER, bool X1>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     cudaError_t err = cudaSuccess;
     const int v =
-        g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, &err);
+        g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, p.k, &err);
     if (err != cudaSuccess) return err;
     switch (v) {
     case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
