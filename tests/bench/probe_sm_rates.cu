@@ -163,6 +163,22 @@ int main() {
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
     const int grids[2] = {sms, sms - 4};
+    // One event-timed launch of probe kernel k over `grid` CTAs reading the
+    // pieces at dp (piece bytes each); returns its ms and leaves each CTA's
+    // (SM, us) record in h.
+    auto timed = [&](void (*k)(const uint8_t *, const uint32_t *, int, unsigned long long *, uint32_t *), int grid,
+                     const uint32_t *dp, int piece, std::vector<unsigned long long> &h) -> float {
+        CUDA_OK(cudaEventRecord(e0));
+        k<<<grid, NT, smem>>>(buf, dp, piece, drec, sink);
+        CUDA_OK(cudaEventRecord(e1));
+        CUDA_OK(cudaEventSynchronize(e1));
+        CUDA_OK(cudaGetLastError());
+        float ms;
+        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+        h.resize(2 * (size_t)grid);
+        CUDA_OK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+        return ms;
+    };
     const char *places[3] = {"random", "page", "contig"};
     constexpr size_t PAGE_PIECES = ((size_t)2 << 20) / PIECE, n_pages = ((size_t)2 << 30) / ((size_t)2 << 20);
     std::vector<uint32_t> pages(n_pages), placed((size_t)sms * PER_CTA);
@@ -192,15 +208,8 @@ int main() {
                 }
                 CUDA_OK(cudaMemcpy(dpieces, pl == 0 ? perm.data() : placed.data(), sizeof(uint32_t) * grid * PER_CTA,
                                    cudaMemcpyHostToDevice));
-                CUDA_OK(cudaEventRecord(e0));
-                kern[m]<<<grid, NT, smem>>>(buf, dpieces, PIECE, drec, sink);
-                CUDA_OK(cudaEventRecord(e1));
-                CUDA_OK(cudaEventSynchronize(e1));
-                CUDA_OK(cudaGetLastError());
-                float ms;
-                CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-                std::vector<unsigned long long> h(2 * grid);
-                CUDA_OK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+                std::vector<unsigned long long> h;
+                const float ms = timed(kern[m], grid, dpieces, PIECE, h);
                 if (pass == 0) continue; // warm-up
                 ms_all.push_back(ms);
                 for (int c = 0; c < grid; c++)
@@ -240,15 +249,8 @@ int main() {
             for (int pass = 0; pass < 6; pass++) {
                 for (size_t i = 0; i < (size_t)grid * per_cta; i++) std::swap(pp[i], pp[i + rand() % (n_p - i)]);
                 CUDA_OK(cudaMemcpy(dpp, pp.data(), sizeof(uint32_t) * grid * per_cta, cudaMemcpyHostToDevice));
-                CUDA_OK(cudaEventRecord(e0));
-                probe<2><<<grid, NT, smem>>>(buf, dpp, piece, drec, sink);
-                CUDA_OK(cudaEventRecord(e1));
-                CUDA_OK(cudaEventSynchronize(e1));
-                CUDA_OK(cudaGetLastError());
-                float ms;
-                CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-                std::vector<unsigned long long> h(2 * grid);
-                CUDA_OK(cudaMemcpy(h.data(), drec, sizeof(unsigned long long) * 2 * grid, cudaMemcpyDeviceToHost));
+                std::vector<unsigned long long> h;
+                const float ms = timed(kern[2], grid, dpp, piece, h);
                 if (pass == 0) continue;
                 ms_all.push_back(ms);
                 for (int c = 0; c < grid; c++) cta.push_back(h[2 * c + 1] / 1000.0);
