@@ -31,6 +31,8 @@
 // x, which every block reads, stays in L1.
 #include "linear_cuda.h"
 
+#include "pdl_cuda.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -585,7 +587,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
     // finish before it reads anything this grid writes. Triggering when the
     // last weight load is issued (not at the start) keeps the next launch's
     // blocks from taking this launch's slots while it still streams.
-    auto trigger = [] { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); };
     auto issue = [&]() {
         if (pf_tl < my_tiles) {
             const uint32_t s = ring + pf_s * L::kSlot;
@@ -604,19 +605,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
             if (++pf_j == cw) {
                 pf_j = 0;
                 if (++pf_tl < my_tiles) setup(pf_tl);
-                else trigger();  // this warp's last weight load is in flight
+                else nb_pdl::trigger();  // this warp's last weight load is in flight
             }
         }
         cp_commit();  // an empty group past the end keeps the wait count uniform
     };
     if (cw > 0 && my_tiles > 0) setup(0);
-    else trigger();
+    else nb_pdl::trigger();
     if (cw > 0) {
 #pragma unroll
         for (int s = 0; s < ST; s++) issue();
     }
     WQ_TRACE(1);
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    nb_pdl::wait();
     WQ_TRACE(2);
 
     bool xok[NX];
@@ -863,11 +864,7 @@ bool gemv_on() {
 }
 
 bool pdl_on() {
-    if (g_pdl < 0) {
-        const char *e = getenv("NB_WQ_PDL");
-        g_pdl = !(e && e[0] == '0');
-    }
-    return g_pdl != 0;
+    return nb_pdl::env_switch_once("NB_WQ_PDL", true, &g_pdl);
 }
 
 // The decode kernel's variants: ring depth in items (the 8-bit view always
@@ -987,17 +984,8 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     const int resident = bps * sms;
     const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((ntiles + per_block - 1) / per_block));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_on() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, p, ntiles, cw_max);
+    return nb_pdl::launch(kern, dim3((unsigned)((ntiles + per_block - 1) / per_block)), dim3(kThreads), smem,
+                          stream, pdl_on(), p, ntiles, cw_max);
 }
 
 template <typename XT, bool LOWER, int V, bool X1>

@@ -116,20 +116,19 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
             for (int i = 0; i < XI; i++)
                 cp16z(sbase + (it % kDrST) * kSt + kW + dr_sw(r0 + 32 * i, c), xp[i] + (size_t)it * kDrBK, xok[i]);
     };
-    auto trigger = [] { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); };
 
     // Group 0 holds the weights of stages 0..ST-2 and x of stage 0; group j
     // x of stage j: waiting for group j then covers stage j in full.
 #pragma unroll
     for (int st = 0; st < kDrST - 1; st++)
         if (st < nk) load_w(st);
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    nb_pdl::wait();
 #pragma unroll
     for (int st = 0; st < kDrST - 1; st++) {
         if (st < nk) load_x(st);
         cp_commit();
     }
-    if (nk <= kDrST - 1) trigger();
+    if (nk <= kDrST - 1) nb_pdl::trigger();
 
     float acc[NX][4];
 #pragma unroll
@@ -147,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
         if (nx_it < nk) {
             load_w(nx_it);
             load_x(nx_it);
-            if (nx_it == nk - 1) trigger();
+            if (nx_it == nk - 1) nb_pdl::trigger();
         }
         cp_commit();
         const uint32_t st = sbase + (it % kDrST) * kSt;
@@ -189,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
 // (+ bias[j]). Thread: 4 consecutive outputs of one row (V4: m % 4 == 0),
 // else one; every partial load issued before the first add.
 template <bool V4> __global__ void __launch_bounds__(256) dense_ri_reduce_kernel(const DrParams p) {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    nb_pdl::trigger();
+    nb_pdl::wait();
     constexpr int W = V4 ? 4 : 1;
     const size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * W;
     const size_t total = (size_t)p.n * p.m, stride = total;
@@ -256,25 +255,15 @@ cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
         if (err != cudaSuccess) return err;
         if (dev >= 0 && dev < kMaxDev) attr_set[dev] = true;
     }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(p.tiles * p.S), (unsigned)((p.n + 8 * NX - 1) / (8 * NX)));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = dr_smem_bytes<NX>();
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_on() ? 1 : 0;
-    err = cudaLaunchKernelEx(&cfg, kern, p);
+    const bool pdl = pdl_on();
+    err = nb_pdl::launch(kern, dim3((unsigned)(p.tiles * p.S), (unsigned)((p.n + 8 * NX - 1) / (8 * NX))),
+                         dim3(kThreads), dr_smem_bytes<NX>(), stream, pdl, p);
     if (err != cudaSuccess || p.S == 1) return err;
     const bool v4 = p.m % 4 == 0;
     const size_t threads = ((size_t)p.n * p.m + (v4 ? 3 : 0)) / (v4 ? 4 : 1);
-    cfg.gridDim = dim3((unsigned)((threads + 255) / 256));
-    cfg.blockDim = dim3(256);
-    cfg.dynamicSmemBytes = 0;
-    return v4 ? cudaLaunchKernelEx(&cfg, dense_ri_reduce_kernel<true>, p)
-              : cudaLaunchKernelEx(&cfg, dense_ri_reduce_kernel<false>, p);
+    const dim3 grid((unsigned)((threads + 255) / 256));
+    return v4 ? nb_pdl::launch(dense_ri_reduce_kernel<true>, grid, dim3(256), 0, stream, pdl, p)
+              : nb_pdl::launch(dense_ri_reduce_kernel<false>, grid, dim3(256), 0, stream, pdl, p);
 }
 
 template <typename T> cudaError_t launch_dense_ri(const DrParams &p, cudaStream_t stream) {

@@ -5,6 +5,7 @@
 #include "ops_cuda.h"
 
 #include "dtype_cuda.cuh"
+#include "pdl_cuda.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -52,43 +53,18 @@ __device__ __forceinline__ void store_cvt(const nb_cuda_cvt &c, size_t i, float 
     else store_f32(c.p, c.dt, i, v);
 }
 
-// Programmatic dependent launch: lets the NEXT kernel, when it is launched
-// with the PDL attribute (the quantized matmuls' decode kernel, which reads
-// its weights before griddepcontrol.wait and its input after it), start
-// streaming its weights while this small kernel runs. A kernel launched
-// without the attribute still waits for this one to finish; one launched
-// with it waits in griddepcontrol.wait for this grid's completion before it
-// touches what this grid writes, so the trigger's place cannot change a
-// result. Measured (ncu, Llama-3-8B shape, one row): RMSNorm 7.4 us, SwiGLU
-// 3.4 us, conversions 2.5 us, each ahead of a matmul.
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-
-// Whether environment variable `name` asks for programmatic stream
-// serialization: "0" no, "1" yes, else `dflt`. Read once per variable.
-bool env_pdl(const char *name, bool dflt, int &cache) {
-    if (cache < 0) {
-        const char *e = getenv(name);
-        cache = e && e[0] == '0' ? 0 : e && e[0] == '1' ? 1 : dflt;
-    }
-    return cache == 1;
-}
+// Programmatic dependent launch (pdl_cuda.cuh): lets the NEXT kernel, when
+// it is launched with the PDL attribute (the quantized matmuls' decode
+// kernel, which reads its weights before its wait and its input after it),
+// start streaming its weights while this small kernel runs. Measured (ncu,
+// Llama-3-8B shape, one row): RMSNorm 7.4 us, SwiGLU 3.4 us, conversions
+// 2.5 us, each ahead of a matmul.
 
 // A launch, with the programmatic stream serialization attribute when pdl.
 template <typename... KArgs, typename... Args>
 nb_status launch_ex(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                     Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    if (cudaLaunchKernelEx(&cfg, kern, args...) != cudaSuccess) return NB_ERR_BACKEND;
+    if (nb_pdl::launch(kern, grid, block, smem, stream, pdl, args...) != cudaSuccess) return NB_ERR_BACKEND;
     return launch_status();
 }
 
@@ -137,8 +113,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(float *out, float
     // bench_engine_long 4k, two passes): batch-1 draft 10.41 -> 10.02 ms per
     // 4 tokens, batch 8 within noise. Without the attribute the wait returns
     // at once.
-    pdl_wait();
-    pdl_trigger();
+    nb_pdl::wait();
+    nb_pdl::trigger();
     for (int j0 = threadIdx.x; j0 < d; j0 += RN * blockDim.x) {
         float v[RN], r[RN];
 #pragma unroll
@@ -280,7 +256,7 @@ __global__ void write_kv_kernel(nb_kv_layout lay, void *fp, int layer, const flo
 
 // nb_f32_to_f16_sat: finite values past the f16 range to +-65504.
 __global__ void convert_f16_sat_kernel(uint16_t *dst, const float *src, size_t n) {
-    pdl_trigger();
+    nb_pdl::trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = f32_to_f16_sat(src[i]);
@@ -288,7 +264,7 @@ __global__ void convert_f16_sat_kernel(uint16_t *dst, const float *src, size_t n
 
 __global__ void convert_kernel(void *dst, nb_dtype dst_dt, const void *src, nb_dtype src_dt,
                                size_t n) {
-    pdl_trigger();
+    nb_pdl::trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         if (dst_dt == src_dt && dst_dt != NB_DTYPE_F32)
@@ -305,7 +281,7 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
                                      const float *v_in, int kv_stride, const int32_t *pos, int n_heads,
                                      const float *inv_freq, nb_kv_layout lay, void *fp, int layer,
                                      const int32_t *fpblock, const int32_t *slot) {
-    pdl_trigger(); // the decode attention after it reads neither q nor FP blocks before its wait
+    nb_pdl::trigger(); // the decode attention after it reads neither q nor FP blocks before its wait
     const int r = blockIdx.x, hb = blockIdx.y, D = lay.head_dim, h = D / 2;
     const float p = (float)pos[r];
     // The first (cos, sin) pair of this thread depends only on the position
@@ -318,7 +294,7 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
         c0 = __double2float_rn(cos((double)a));
         s0 = __double2float_rn(sin((double)a));
     }
-    pdl_wait();
+    nb_pdl::wait();
     const float *src;
     size_t ko = 0, vo = 0;
     float *dst = nullptr;
@@ -358,8 +334,8 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
 // SwiGLU of strided gate/up rows into [n][I] (f32 and/or converted).
 __global__ void silu_mul_cvt_kernel(float *out, nb_cuda_cvt cvt, const float *gate, const float *up,
                                     int stride, int I, size_t total) {
-    pdl_wait(); // as rmsnorm_kernel's (NB_SILU_PDL=0: launched without the attribute)
-    pdl_trigger();
+    nb_pdl::wait(); // as rmsnorm_kernel's (NB_SILU_PDL=0: launched without the attribute)
+    nb_pdl::trigger();
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
         const size_t r = e / (size_t)I, i = e - r * (size_t)I, src = r * (size_t)stride + i;
@@ -394,7 +370,7 @@ extern "C" nb_status nb_cuda_add_rmsnorm(float *x, const float *res, const void 
         return NB_ERR_BACKEND;
     static int pdl = -1;
     return launch_ex(rmsnorm_kernel, dim3((unsigned)n), dim3(kNormThreads), smem, stream,
-                     env_pdl("NB_NORM_PDL", true, pdl), out, x, res, w, dt, d, eps, cvt);
+                     nb_pdl::env_switch_once("NB_NORM_PDL", true, &pdl), out, x, res, w, dt, d, eps, cvt);
 }
 
 // Without a residual the kernel only reads x, so the const is kept.
@@ -427,8 +403,8 @@ extern "C" nb_status nb_cuda_rope_write_kv(float *q_out, const float *q_in, int 
     // turns it off): the blocks may start while the projection before them
     // drains and compute their rotation angles there. Same bits either way.
     static int pdl = -1;
-    return launch_ex(rope_write_kv_kernel, grid, dim3((unsigned)threads), 0, stream, env_pdl("NB_ROPE_PDL", true, pdl),
-                     q_out, q_in, q_stride, k_in, v_in, kv_stride, pos, n_heads, inv_freq, *lay, fp, layer, fpblock,
+    return launch_ex(rope_write_kv_kernel, grid, dim3((unsigned)threads), 0, stream,
+                     nb_pdl::env_switch_once("NB_ROPE_PDL", true, &pdl), q_out, q_in, q_stride, k_in, v_in, kv_stride, pos, n_heads, inv_freq, *lay, fp, layer, fpblock,
                      slot);
 }
 
@@ -440,7 +416,7 @@ extern "C" nb_status nb_cuda_silu_mul_cvt(float *out, nb_cuda_cvt cvt, const flo
     const size_t total = (size_t)n * I;
     static int pdl = -1;
     return launch_ex(silu_mul_cvt_kernel, dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
-                     env_pdl("NB_SILU_PDL", true, pdl), out, cvt, gate, up, stride, I, total);
+                     nb_pdl::env_switch_once("NB_SILU_PDL", true, &pdl), out, cvt, gate, up, stride, I, total);
 }
 
 extern "C" nb_status nb_cuda_rope_apply(float *x, const int32_t *pos, int n, int n_heads, int D,

@@ -21,6 +21,7 @@
 #include "paged_attention_cuda.h"
 
 #include "dtype_cuda.cuh"
+#include "pdl_cuda.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -68,11 +69,6 @@ struct pa_kp {
     int ocvt_dt, ocvt_sat;
     pa_plan pl;
 };
-
-// Programmatic dependent launch: waits for the grid launched before this one
-// on the stream (and what it waited for) to finish and its writes to be
-// visible; returns at once when this grid was launched without the attribute.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // Output element i (index into [rows][n_q_heads][D]): f32 to P.out, or
 // converted to P.ocvt.
@@ -629,11 +625,11 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
     MTRACE(0);
     // Launched as a programmatic dependent of the decode kernel (see
     // launch_merge): the partials are read only once that grid is complete.
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    nb_pdl::wait();
     // The next kernel, when launched with the attribute (a quantized
     // matmul reading out_cvt), may start its weight stream now; it reads
     // the output only after its own wait for this grid.
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    nb_pdl::trigger();
     MTRACE(1);
     const int D = P.pl.D, n = P.n_chunks;
     const size_t stride = (size_t)P.max_rows * P.n_q_heads;
@@ -752,22 +748,11 @@ __global__ void __launch_bounds__(MNT) pa_merge_kernel(const pa_kp P) {
 // same bits either way.
 cudaError_t launch_merge(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     static int pdl = -1;
-    if (pdl < 0) {
-        const char *e = getenv("NB_PA_PDL");
-        pdl = !(e && e[0] == '0');
-    }
     const char *mr = getenv("NB_PA_MERGE_ROUNDS"); // read per call (tests)
     kp.merge_rounds = mr && mr[0] == '1';
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)a->n_q_heads, (unsigned)a->max_rows, (unsigned)a->n_seqs);
-    cfg.blockDim = dim3(MNT);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, pa_merge_kernel, kp);
+    const dim3 grid((unsigned)a->n_q_heads, (unsigned)a->max_rows, (unsigned)a->n_seqs);
+    const cudaError_t e =
+        nb_pdl::launch(pa_merge_kernel, grid, dim3(MNT), 0, stream, nb_pdl::env_switch_once("NB_PA_PDL", true, &pdl), kp);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -954,7 +939,7 @@ __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S
                                               int Mt, const float *mo, const float *mlp) {
     // Every load of the chunk is done: the merge kernel may be scheduled
     // (it waits for this grid to complete before it reads a partial).
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    nb_pdl::trigger();
     const int g = P.g;
     for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
         const int m = i / D, c = i - m * D;
@@ -1490,19 +1475,10 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     // per call): the CTAs may start under the previous kernel and copy
     // quantized tiles before they wait for it (see the prologue). Same bits
     // either way.
-    const char *pe = getenv("NB_PA_TC_PDL");
-    kp.pdl = a->pdl && !(pe && pe[0] == '0');
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs);
-    cfg.blockDim = dim3(C::NT);
-    cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = kp.pdl ? 1 : 0;
-    if (cudaLaunchKernelEx(&cfg, kern, kp) != cudaSuccess || cudaGetLastError() != cudaSuccess)
+    kp.pdl = a->pdl && nb_pdl::env_switch("NB_PA_TC_PDL", true);
+    if (nb_pdl::launch(kern, dim3((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs),
+                       dim3(C::NT), C::SMEM, stream, kp.pdl != 0, kp) != cudaSuccess ||
+        cudaGetLastError() != cudaSuccess)
         return NB_ERR_BACKEND;
     if (kp.n_chunks > 1 || kp.inv) {
         if (launch_merge(kp, a, stream) != cudaSuccess) return NB_ERR_BACKEND;

@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         ke = slice_at(W * (chunk + 1) / P.n_chunks);
     }
     if (ks >= ke) {
-        if (P.pdl) pdl_wait(); // the workspace may still be read by the call before this one
+        if (P.pdl) nb_pdl::wait(); // the workspace may still be read by the call before this one
         dec_empty_chunk(P, seq, chunk, kvh, Mt);
         return;
     }
@@ -587,7 +587,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     int pre = 0; // slots issued before griddepcontrol.wait
     if (P.pdl) {
         while (pre < NSW && issue(pre, false)) pre++;
-        pdl_wait();
+        nb_pdl::wait();
     }
     constexpr int KQ = (MV * D / 4 + NT - 1) / NT; // float4 of q per thread
     static_assert(KQ <= 2, "q: two float4 per thread at most");
@@ -1142,7 +1142,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     // Timing experiments only (wrong results): 1 = no CTA merge at all, 2 =
     // its barriers and shared-memory stores but not its loop.
     if (g_pa_skip_merge == 1) {
-        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+        nb_pdl::trigger();
         if (acc[0][0][0] == 1.2345f) P.ws_o[tid] = lsum[0][0];
         return;
     }
@@ -1184,7 +1184,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     __syncthreads();
 #ifdef NB_PA_TRACE
     if (g_pa_skip_merge == 2) {
-        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+        nb_pdl::trigger();
         TC_TRACE(3);
         return;
     }
