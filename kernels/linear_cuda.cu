@@ -31,7 +31,9 @@
 // x, which every block reads, stays in L1.
 #include "linear_cuda.h"
 
+#include "dtype_cuda.cuh"
 #include "pdl_cuda.cuh"
+#include "swiglu_cuda.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,6 +60,10 @@ struct WqParams {
     int out_dt, bias_dt;
     int n, m, k;
     int trace_seq;          // NB_WQ_TRACE builds: the launch's trace slot, or -1
+    // SwiGLU epilogue (nb_cuda_matmul_wq_swiglu): rows 16t + i and 16t + 8 + i
+    // (i < 8) are gate and up row 8t + i; out is [n][m/2] out_dt (f16
+    // saturating when sat), no bias. 0: out[n][m] as computed.
+    int swiglu, sat;
 };
 
 // Constants for turning "magic | code" into the code: value = h * mul + add.
@@ -275,6 +281,17 @@ __device__ __forceinline__ void store_any(void *p, int dt, size_t i, float v) {
         static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
 }
 
+// The SwiGLU epilogue's store: silu(g) * u of output row j (of m/2) for x
+// row i, converted as nb_dtype.h converts (the SwiGLU kernel's stores).
+__device__ __forceinline__ void store_swiglu(const WqParams &p, int i, int j, float g, float u) {
+    const float v = nb_ops::silu_mul(g, u);
+    const size_t e = (size_t)i * (p.m / 2) + j;
+    if (p.out_dt == NB_DTYPE_F32) static_cast<float *>(p.out)[e] = v;
+    else if (p.out_dt == NB_DTYPE_F16)
+        static_cast<uint16_t *>(p.out)[e] = p.sat ? nb_dt::f32_to_f16_sat(v) : nb_dt::f32_to_f16(v);
+    else static_cast<uint16_t *>(p.out)[e] = nb_dt::f32_to_bf16(v);
+}
+
 template <typename XT> __device__ __forceinline__ float x_to_f32(XT v);
 template <> __device__ __forceinline__ float x_to_f32<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float x_to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
@@ -312,7 +329,7 @@ __device__ __forceinline__ void wq_trace_t(int seq, int pt, unsigned long long t
 // The tensor-core kernel. Block: kWarps warps, R tiles of 16 weight rows
 // (blockIdx.x), NT tiles of 8 x rows (blockIdx.y); grid.x = ceil(m/16R),
 // grid.y = ceil(n/8NT).
-template <typename XT, int NT, int R, bool LOWER, int kGU>
+template <typename XT, int NT, int R, bool LOWER, int kGU, bool SWI>
 __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
     __shared__ float red[kWarps][NT * 8][R * 16];
     WQ_TRACE_SEQ;
@@ -454,15 +471,27 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
                 red[warp][nt * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] =
                     tile_out<XT, LOWER>(tot[r][nt][i]);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < NT * 8 * R * 16; idx += kThreads) {
-        const int xc = idx / (R * 16), rl = idx % (R * 16);
-        const int row = row0 + rl, xrow = xr0 + xc;
-        if (row >= p.m || xrow >= p.n) continue;
-        float v = red[0][xc][rl];
+    if constexpr (SWI) { // each output of the other branch, then gate and up paired (m % 16 == 0)
+        for (int idx = threadIdx.x; idx < NT * 8 * R * 8; idx += kThreads) {
+            const int xc = idx / (R * 8), q = idx % (R * 8), rl = (q >> 3) * 16 + (q & 7);
+            const int row = row0 + rl, xrow = xr0 + xc;
+            if (row >= p.m || xrow >= p.n) continue;
+            float vg = red[0][xc][rl], vu = red[0][xc][rl + 8];
 #pragma unroll
-        for (int w = 1; w < kWarps; w++) v += red[w][xc][rl];
-        if (p.bias) v += load_any(p.bias, p.bias_dt, row);
-        store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
+            for (int w = 1; w < kWarps; w++) vg += red[w][xc][rl], vu += red[w][xc][rl + 8];
+            store_swiglu(p, xrow, (row >> 4) * 8 + (q & 7), vg, vu);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < NT * 8 * R * 16; idx += kThreads) {
+            const int xc = idx / (R * 16), rl = idx % (R * 16);
+            const int row = row0 + rl, xrow = xr0 + xc;
+            if (row >= p.m || xrow >= p.n) continue;
+            float v = red[0][xc][rl];
+#pragma unroll
+            for (int w = 1; w < kWarps; w++) v += red[w][xc][rl];
+            if (p.bias) v += load_any(p.bias, p.bias_dt, row);
+            store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
+        }
     }
     WQ_TRACE(5);
 }
@@ -536,7 +565,7 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // each item's A fragments (n > 8: NX = 2; R = 2 then halves the x
 // fragments loaded per weight byte). Every output gets the arithmetic of
 // the tile kernel whatever R and NX.
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX>
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, bool SWI>
 __global__ void __launch_bounds__(kThreads, MINB)
     wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
     static_assert(!X1 || NX == 1, "X1: one row of x");
@@ -755,15 +784,28 @@ __global__ void __launch_bounds__(kThreads, MINB)
         // buffer is rewritten two row tiles later, after every reader has
         // passed the barrier in between.
         __syncthreads();
-        for (int idx = threadIdx.x; idx < NX * 8 * R * 16; idx += kThreads) {
-            const int xc = idx / (R * 16), rl = idx % (R * 16);
-            const int row = rt * R * 16 + rl;
-            if (row < p.m && xc < p.n) {
-                float v = rb[0][xc][rl];
+        if constexpr (SWI) { // as the tile kernel's
+            for (int idx = threadIdx.x; idx < NX * 8 * R * 8; idx += kThreads) {
+                const int xc = idx / (R * 8), q = idx % (R * 8), rl = (q >> 3) * 16 + (q & 7);
+                const int row = rt * R * 16 + rl;
+                if (row < p.m && xc < p.n) {
+                    float vg = rb[0][xc][rl], vu = rb[0][xc][rl + 8];
 #pragma unroll
-                for (int w = 1; w < kWarps; w++) v += rb[w][xc][rl];
-                if (p.bias) v += load_any(p.bias, p.bias_dt, row);
-                store_any(p.out, p.out_dt, (size_t)xc * p.m + row, v);
+                    for (int w = 1; w < kWarps; w++) vg += rb[w][xc][rl], vu += rb[w][xc][rl + 8];
+                    store_swiglu(p, xc, (row >> 4) * 8 + (q & 7), vg, vu);
+                }
+            }
+        } else {
+            for (int idx = threadIdx.x; idx < NX * 8 * R * 16; idx += kThreads) {
+                const int xc = idx / (R * 16), rl = idx % (R * 16);
+                const int row = rt * R * 16 + rl;
+                if (row < p.m && xc < p.n) {
+                    float v = rb[0][xc][rl];
+#pragma unroll
+                    for (int w = 1; w < kWarps; w++) v += rb[w][xc][rl];
+                    if (p.bias) v += load_any(p.bias, p.bias_dt, row);
+                    store_any(p.out, p.out_dt, (size_t)xc * p.m + row, v);
+                }
             }
         }
     }
@@ -913,7 +955,8 @@ int g_gemv2_var = -1; // -1: the built-in choice (gemv2_builtin)
 // size class (the group sums' area grows with k; classes are powers of two
 // of groups per warp, 4 to 256), and the SM count; computed once per
 // device, kernel and class. Returns 0 and sets *err on a CUDA error.
-constexpr int kGvIds = 8 * kGvNVar + 4 * kGv2NVar;
+constexpr int kGvIds1 = 8 * kGvNVar + 4 * kGv2NVar; // per SWI (the SwiGLU epilogue: + kGvIds1)
+constexpr int kGvIds = 2 * kGvIds1;
 constexpr int kMaxDev = 64;
 // The current device's SM count (cached per device) and its index; 0 and
 // *err set on a CUDA error.
@@ -956,8 +999,9 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
 
 // One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX>
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, bool SWI>
 cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
+    if (SWI) id += kGvIds1;
     // Size classes up to k = 256k (NX = 1) or 64k (NX = 2: twice the group
     // sums per group, and a larger static reduction area); see kGemvMaxK.
     constexpr int kClasses = NX == 1 ? 7 : 5;
@@ -968,7 +1012,7 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
         cls++;
     }
     const size_t smem = gv_smem_bytes<LOWER, ST, R, NX>(cw_max);
-    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX>;
+    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX, SWI>;
     const void *fn = reinterpret_cast<const void *>(kern);
     cudaError_t err;
     int sms = 1;
@@ -988,19 +1032,19 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
                           stream, pdl_on(), p, ntiles, cw_max);
 }
 
-template <typename XT, bool LOWER, int V, bool X1>
+template <typename XT, bool LOWER, int V, bool X1, bool SWI>
 cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     constexpr GvVar v = kGvVars[V];
     const int id = V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
     // the 8-bit view: 8 KB in flight per warp (4 items of 2 KB, or 2 of 4 KB)
-    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1>(p, id, stream);
+    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1, SWI>(p, id, stream);
 }
 
-template <typename XT, bool LOWER, int V>
+template <typename XT, bool LOWER, int V, bool SWI>
 cudaError_t launch_gemv2_v(const WqParams &p, cudaStream_t stream) {
     constexpr Gv2Var v = kGv2Vars[V];
     const int id = 8 * kGvNVar + V * 4 + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
-    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2>(p, id, stream);
+    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2, SWI>(p, id, stream);
 }
 
 // Does a grid of one block per SM, each walking whole 32-row tiles, keep
@@ -1044,58 +1088,60 @@ int gemv_builtin(bool lower, bool f16, int n, int m, int k, cudaError_t *err) {
     return fills ? 4 : 3;
 }
 
-template <typename XT, bool LOWER, bool X1>
+template <typename XT, bool LOWER, bool X1, bool SWI>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     cudaError_t err = cudaSuccess;
     const int v =
         g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, p.k, &err);
     if (err != cudaSuccess) return err;
     switch (v) {
-    case 1: return launch_gemv_v<XT, LOWER, 1, X1>(p, stream);
-    case 2: return launch_gemv_v<XT, LOWER, 2, X1>(p, stream);
-    case 3: return launch_gemv_v<XT, LOWER, 3, X1>(p, stream);
-    case 4: return launch_gemv_v<XT, LOWER, 4, X1>(p, stream);
-    default: return launch_gemv_v<XT, LOWER, 0, X1>(p, stream);
+    case 1: return launch_gemv_v<XT, LOWER, 1, X1, SWI>(p, stream);
+    case 2: return launch_gemv_v<XT, LOWER, 2, X1, SWI>(p, stream);
+    case 3: return launch_gemv_v<XT, LOWER, 3, X1, SWI>(p, stream);
+    case 4: return launch_gemv_v<XT, LOWER, 4, X1, SWI>(p, stream);
+    default: return launch_gemv_v<XT, LOWER, 0, X1, SWI>(p, stream);
     }
 }
 
-template <typename XT, bool LOWER> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+template <typename XT, bool LOWER, bool SWI = false> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
     if (p.n > 8) {
         cudaError_t err = cudaSuccess;
         const int v = g_gemv2_var >= 0 ? g_gemv2_var : gemv2_builtin(LOWER, p.m, &err);
         if (err != cudaSuccess) return err;
         switch (v) {
-        case 1: return launch_gemv2_v<XT, LOWER, 1>(p, stream);
-        case 2: return launch_gemv2_v<XT, LOWER, 2>(p, stream);
-        case 3: return launch_gemv2_v<XT, LOWER, 3>(p, stream);
-        default: return launch_gemv2_v<XT, LOWER, 0>(p, stream);
+        case 1: return launch_gemv2_v<XT, LOWER, 1, SWI>(p, stream);
+        case 2: return launch_gemv2_v<XT, LOWER, 2, SWI>(p, stream);
+        case 3: return launch_gemv2_v<XT, LOWER, 3, SWI>(p, stream);
+        default: return launch_gemv2_v<XT, LOWER, 0, SWI>(p, stream);
         }
     }
-    return p.n == 1 ? launch_gemv_x<XT, LOWER, true>(p, stream)
-                    : launch_gemv_x<XT, LOWER, false>(p, stream);
+    return p.n == 1 ? launch_gemv_x<XT, LOWER, true, SWI>(p, stream)
+                    : launch_gemv_x<XT, LOWER, false, SWI>(p, stream);
 }
 
-template <typename XT, int NT, int R, bool LOWER>
+template <typename XT, int NT, int R, bool LOWER, bool SWI>
 void launch_mma(const WqParams &p, cudaStream_t stream) {
     const dim3 grid((unsigned)((p.m + R * 16 - 1) / (R * 16)),
                     (unsigned)((p.n + NT * 8 - 1) / (NT * 8)));
-    wq_mma_kernel<XT, NT, R, LOWER, NT == 1 ? 4 : 2><<<grid, kThreads, 0, stream>>>(p);
+    wq_mma_kernel<XT, NT, R, LOWER, NT == 1 ? 4 : 2, SWI><<<grid, kThreads, 0, stream>>>(p);
 }
 
-template <typename XT, int NT, int R>
+template <typename XT, int NT, int R, bool SWI>
 void launch_mma_v(const WqParams &p, bool lower, cudaStream_t stream) {
-    if (lower)
-        launch_mma<XT, NT, R, true>(p, stream);
+    if constexpr (SWI) // the SwiGLU epilogue: the 4-bit view only (nb_cuda_matmul_wq_swiglu)
+        launch_mma<XT, NT, R, false, true>(p, stream);
+    else if (lower)
+        launch_mma<XT, NT, R, true, false>(p, stream);
     else
-        launch_mma<XT, NT, R, false>(p, stream);
+        launch_mma<XT, NT, R, false, false>(p, stream);
 }
 
-template <typename XT>
+template <typename XT, bool SWI = false>
 void launch_mma_x(const WqParams &p, bool lower, int nt, int r, cudaStream_t stream) {
-    if (nt == 1 && r == 1) launch_mma_v<XT, 1, 1>(p, lower, stream);
-    if (nt == 1 && r == 2) launch_mma_v<XT, 1, 2>(p, lower, stream);
-    if (nt == 2 && r == 1) launch_mma_v<XT, 2, 1>(p, lower, stream);
-    if (nt == 2 && r == 2) launch_mma_v<XT, 2, 2>(p, lower, stream);
+    if (nt == 1 && r == 1) launch_mma_v<XT, 1, 1, SWI>(p, lower, stream);
+    if (nt == 1 && r == 2) launch_mma_v<XT, 1, 2, SWI>(p, lower, stream);
+    if (nt == 2 && r == 1) launch_mma_v<XT, 2, 1, SWI>(p, lower, stream);
+    if (nt == 2 && r == 2) launch_mma_v<XT, 2, 2, SWI>(p, lower, stream);
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -1177,6 +1223,65 @@ extern "C" int nb_cuda_matmul_wq_set_gemv16_variant(int v) {
     return kGv2NVar;
 }
 
+namespace {
+// The launch of one nb_cuda_matmul_wq / _swiglu call (arguments checked):
+// the decode kernel, the tile kernel or the scalar kernel (not for the
+// SwiGLU epilogue, whose callers check nb_cuda_matmul_wq_swiglu_supported).
+nb_status wq_dispatch(WqParams &p, nb_dtype x_dt, bool use_lower, int gs, cudaStream_t stream) {
+    const void *x = p.x;
+    const int n = p.n, m = p.m, k = p.k;
+    const nb_cuda_wq wv = {p.upper, p.lower, p.sz}, *w = &wv;
+    const bool fast = gs == kGroup && aligned16(x) && aligned16(w->upper) &&
+                      (!use_lower || aligned16(w->lower)) && ((uintptr_t)w->sz & 7u) == 0;
+    const bool sz16 = aligned16(w->sz);  // the decode kernel copies an item's sz in 16-byte parts
+    // NOTE: k <= 256k (n <= 8) and 64k (9..16) keep the decode kernel's
+    // shared memory (the group sums grow with k) inside the limit; no model
+    // comes near them.
+    // NOTE: the 8-bit view of a matrix of <= 16M weights is faster on the
+    // tile kernel (4096 x 4096 on an H100: 10.1 vs 11.8 us), larger ones on
+    // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
+    // The choice depends on the matrix only, never on n <= 8 rows.
+    const bool decode_kernel = !use_lower || n > 8 || (size_t)m * k > ((size_t)16 << 20) || g_gemv_var >= 0;
+    if (p.swiglu && (use_lower || x_dt != NB_DTYPE_F16 || !fast)) return NB_ERR_UNSUPPORTED;
+    if (fast && n <= 16 && k <= (n <= 8 ? 262144 : 65536) && decode_kernel && sz16 && gemv_on()) {
+        if (p.swiglu) return launch_gemv<__half, false, true>(p, stream) == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+        const cudaError_t e = x_dt == NB_DTYPE_F16
+                                  ? (use_lower ? launch_gemv<__half, true>(p, stream)
+                                               : launch_gemv<__half, false>(p, stream))
+                                  : (use_lower ? launch_gemv<__nv_bfloat16, true>(p, stream)
+                                               : launch_gemv<__nv_bfloat16, false>(p, stream));
+        return e == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+    }
+    if (fast) {
+        const int nt = n <= 8 ? 1 : 2;
+        // NOTE: 32-row blocks halve the activation traffic per weight byte
+        // but halve the block count. The 8-bit view keeps 16 rows (n = 16 on
+        // an H100: 14336x4096 45.5 vs 54.3 us, no gain elsewhere); the 4-bit
+        // view with f16 x, whose second accumulator set (kMaskU4) costs
+        // registers and so resident blocks, takes 32 (n = 16: 4096x4096 9.7
+        // vs 11.3 us, 4096x14336 27.6 vs 34.0; docs/benchmarks.md, session
+        // 17). The choice depends on n > 8 and the view only, and 16- and
+        // 32-row tiles compute a row the same way.
+        int r = !use_lower && x_dt == NB_DTYPE_F16 && nt == 2 ? 2 : 1;
+        if (g_tile_rows) r = g_tile_rows / 16;
+        if (p.swiglu)
+            launch_mma_x<__half, true>(p, false, nt, r, stream);
+        else if (x_dt == NB_DTYPE_F16)
+            launch_mma_x<__half>(p, use_lower != 0, nt, r, stream);
+        else
+            launch_mma_x<__nv_bfloat16>(p, use_lower != 0, nt, r, stream);
+    } else {
+        const size_t total = (size_t)n * m;
+        const unsigned blocks = (unsigned)((total + 127) / 128);
+        if (x_dt == NB_DTYPE_F16)
+            wq_simple_kernel<__half><<<blocks, 128, 0, stream>>>(p, gs, use_lower != 0);
+        else
+            wq_simple_kernel<__nv_bfloat16><<<blocks, 128, 0, stream>>>(p, gs, use_lower != 0);
+    }
+    return cudaPeekAtLastError() == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+}
+} // namespace
+
 extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x, nb_dtype x_dt,
                                        const nb_cuda_wq *w, int use_lower, const void *bias,
                                        nb_dtype bias_dt, int n, int m, int k, void *workspace,
@@ -1206,50 +1311,44 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     for (int i = 0; i < kTrL; i++)
         if (nb_wq_trace_outs[i] == out) p.trace_seq = i;
 #endif
-    const bool fast = gs == kGroup && aligned16(x) && aligned16(w->upper) &&
-                      (!use_lower || aligned16(w->lower)) && ((uintptr_t)w->sz & 7u) == 0;
-    const bool sz16 = aligned16(w->sz);  // the decode kernel copies an item's sz in 16-byte parts
-    // NOTE: k <= 256k (n <= 8) and 64k (9..16) keep the decode kernel's
-    // shared memory (the group sums grow with k) inside the limit; no model
-    // comes near them.
-    // NOTE: the 8-bit view of a matrix of <= 16M weights is faster on the
-    // tile kernel (4096 x 4096 on an H100: 10.1 vs 11.8 us), larger ones on
-    // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
-    // The choice depends on the matrix only, never on n <= 8 rows.
-    const bool decode_kernel = !use_lower || n > 8 || (size_t)m * k > ((size_t)16 << 20) || g_gemv_var >= 0;
-    if (fast && n <= 16 && k <= (n <= 8 ? 262144 : 65536) && decode_kernel && sz16 && gemv_on()) {
-        const cudaError_t e = x_dt == NB_DTYPE_F16
-                                  ? (use_lower ? launch_gemv<__half, true>(p, stream)
-                                               : launch_gemv<__half, false>(p, stream))
-                                  : (use_lower ? launch_gemv<__nv_bfloat16, true>(p, stream)
-                                               : launch_gemv<__nv_bfloat16, false>(p, stream));
-        return e == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
-    }
-    if (fast) {
-        const int nt = n <= 8 ? 1 : 2;
-        // NOTE: 32-row blocks halve the activation traffic per weight byte
-        // but halve the block count. The 8-bit view keeps 16 rows (n = 16 on
-        // an H100: 14336x4096 45.5 vs 54.3 us, no gain elsewhere); the 4-bit
-        // view with f16 x, whose second accumulator set (kMaskU4) costs
-        // registers and so resident blocks, takes 32 (n = 16: 4096x4096 9.7
-        // vs 11.3 us, 4096x14336 27.6 vs 34.0; docs/benchmarks.md, session
-        // 17). The choice depends on n > 8 and the view only, and 16- and
-        // 32-row tiles compute a row the same way.
-        int r = !use_lower && x_dt == NB_DTYPE_F16 && nt == 2 ? 2 : 1;
-        if (g_tile_rows) r = g_tile_rows / 16;
-        if (x_dt == NB_DTYPE_F16)
-            launch_mma_x<__half>(p, use_lower != 0, nt, r, stream);
-        else
-            launch_mma_x<__nv_bfloat16>(p, use_lower != 0, nt, r, stream);
-    } else {
-        const size_t total = (size_t)n * m;
-        const unsigned blocks = (unsigned)((total + 127) / 128);
-        if (x_dt == NB_DTYPE_F16)
-            wq_simple_kernel<__half><<<blocks, 128, 0, stream>>>(p, gs, use_lower != 0);
-        else
-            wq_simple_kernel<__nv_bfloat16><<<blocks, 128, 0, stream>>>(p, gs, use_lower != 0);
-    }
-    return cudaPeekAtLastError() == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+    p.swiglu = p.sat = 0;
+    return wq_dispatch(p, x_dt, use_lower != 0, gs, stream);
+}
+extern "C" int nb_cuda_matmul_wq_swiglu_supported(int m, int k) {
+    return m > 0 && m % 16 == 0 && nb_wq_group_size(k) == kGroup;
+}
+
+extern "C" nb_status nb_cuda_matmul_wq_swiglu(void *out, nb_dtype out_dt, int sat, const void *x, nb_dtype x_dt,
+                                              const nb_cuda_wq *w, int use_lower, int n, int m, int k,
+                                              cudaStream_t stream) {
+    if (n < 0 || m < 0 || !w || nb_wq_group_size(k) == 0) return NB_ERR_INVALID_ARG;
+    if (x_dt != NB_DTYPE_F16 && x_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
+    if (!io_dtype_ok(out_dt) || (sat && out_dt != NB_DTYPE_F16)) return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!out || !x || !w->upper || !w->sz || (use_lower && !w->lower)) return NB_ERR_INVALID_ARG;
+    // NOTE: blocks store while others still read x: out must not overlap it.
+    const uintptr_t o0 = (uintptr_t)out, o1 = o0 + (size_t)n * (m / 2) * nb_dtype_size(out_dt);
+    const uintptr_t x0 = (uintptr_t)x, x1 = x0 + (size_t)n * k * nb_dtype_size(x_dt);
+    if (o0 < x1 && x0 < o1) return NB_ERR_INVALID_ARG;
+    if (!nb_cuda_matmul_wq_swiglu_supported(m, k) || !aligned16(x) || !aligned16(w->upper) ||
+        (use_lower && !aligned16(w->lower)) || ((uintptr_t)w->sz & 7u) != 0)
+        return NB_ERR_UNSUPPORTED;
+    WqParams p;
+    p.out = out;
+    p.x = x;
+    p.upper = w->upper;
+    p.lower = use_lower ? w->lower : nullptr;
+    p.sz = w->sz;
+    p.bias = nullptr;
+    p.out_dt = (int)out_dt;
+    p.bias_dt = (int)NB_DTYPE_F32;
+    p.n = n;
+    p.m = m;
+    p.k = k;
+    p.trace_seq = -1;
+    p.swiglu = 1;
+    p.sat = sat != 0;
+    return wq_dispatch(p, x_dt, use_lower != 0, kGroup, stream);
 }
 
 extern "C" nb_status nb_cuda_wq_dequantize(void *out, nb_dtype dt, const nb_cuda_wq *w,

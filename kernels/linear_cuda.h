@@ -109,6 +109,38 @@ nb_status nb_cuda_matmul_wq(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
                             nb_dtype bias_dt, int n, int m, int k, void *workspace,
                             size_t workspace_bytes, cudaStream_t stream);
 
+// The stacked gate|up matrix of a SwiGLU MLP in the layout that
+// nb_cuda_matmul_wq_swiglu reads: its 16-row tile t holds gate rows 8t ..
+// 8t + 7, then up rows 8t .. 8t + 7. Stacked row of gate row j (up = 0) or
+// up row j (up = 1), for an intermediate size I % 8 == 0 (m = 2I rows).
+// Rows are quantized each on its own, so a matrix quantized in this row
+// order holds the codes of the two parts, moved.
+static inline int nb_cuda_wq_swiglu_row(int j, int up) { return (j >> 3) * 16 + (up ? 8 : 0) + (j & 7); }
+
+// Whether nb_cuda_matmul_wq_swiglu takes an [m][k] matrix (m % 16 == 0,
+// k % 128 == 0); alignment is checked per call.
+int nb_cuda_matmul_wq_swiglu_supported(int m, int k);
+
+// The MLP's gate|up projection and SwiGLU in one pass: for w in the layout
+// above (m = 2I rows, no bias), out[i][j] = silu(g) * u, where g and u are
+// the nb_cuda_matmul_wq outputs (f32) of gate row j and up row j for row i
+// of x, computed by the same kernels in the same order, and silu(g) * u is
+// nb_cuda_silu_mul_cvt's element stored as out_dt (f32, f16 or bf16;
+// f16 saturating when sat, as nb_cuda_convert_f16_sat). So out holds the
+// bits that nb_cuda_matmul_wq on the unmoved stacked matrix followed by
+// nb_cuda_silu_mul_cvt would store, without the f32 gate|up rows in
+// memory or the SwiGLU launch. Any n >= 0 (decode kernel up to 16 rows,
+// the tile kernel above). out must not overlap x (blocks store while others
+// still read x). Returns NB_OK; NB_ERR_INVALID_ARG (as nb_cuda_matmul_wq,
+// sat with out_dt other than f16, out overlapping x);
+// NB_ERR_UNSUPPORTED (shape or alignment outside the fast path: see
+// nb_cuda_matmul_wq_swiglu_supported; 16-byte aligned x and planes, 8-byte
+// aligned sz); NB_ERR_BACKEND (launch failed).
+nb_status nb_cuda_matmul_wq_swiglu(void *out /*[n][m/2] out_dt*/, nb_dtype out_dt, int sat,
+                                   const void *x /*[n][k] x_dt*/, nb_dtype x_dt,
+                                   const nb_cuda_wq *w /*[m][k] device, swiglu rows*/, int use_lower, int n,
+                                   int m, int k, cudaStream_t stream);
+
 // Tuning hook for benchmarks: force the weight rows per thread block of the
 // tensor-core path (16 or 32); any other value restores the built-in
 // choice. Not thread safe; affects later launches of this process.

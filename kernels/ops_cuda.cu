@@ -6,6 +6,7 @@
 
 #include "dtype_cuda.cuh"
 #include "pdl_cuda.cuh"
+#include "swiglu_cuda.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -217,9 +218,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(float *x, const int32_t 
 __global__ void silu_mul_kernel(float *out, const float *gate, const float *up, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        float e = __double2float_rn(exp(-(double)g));
-        out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), up[i]);
+        out[i] = nb_ops::silu_mul(gate[i], up[i]);
     }
 }
 
@@ -339,9 +338,7 @@ __global__ void silu_mul_cvt_kernel(float *out, nb_cuda_cvt cvt, const float *ga
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
         const size_t r = e / (size_t)I, i = e - r * (size_t)I, src = r * (size_t)stride + i;
-        const float g = gate[src];
-        const float ex = __double2float_rn(exp(-(double)g));
-        const float o = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ex)), up[src]);
+        const float o = nb_ops::silu_mul(gate[src], up[src]);
         if (out) out[e] = o;
         if (cvt.p) store_cvt(cvt, e, o);
     }

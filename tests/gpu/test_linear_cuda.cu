@@ -3,7 +3,9 @@
 // streaming decode kernel, both tile sizes of the tile kernel and the scalar
 // fallback) against nb_ref_matmul_wq, with row invariance across the kernels
 // and programmatic-dependent-launch chains checked bit for bit, nb_cuda_matmul_dense against nb_ref_matmul, and
-// nb_cuda_wq_dequantize bit for bit against nb_wq_dequantize.
+// nb_cuda_wq_dequantize bit for bit against nb_wq_dequantize, and
+// nb_cuda_matmul_wq_swiglu bit for bit against nb_cuda_matmul_wq followed by
+// nb_cuda_silu_mul_cvt (and within a derived bound of the C references).
 //
 // Tolerance. x and the weights are exactly representable in f16/bf16 and
 // every product the kernels form (x * code, x * 1, x * w) is exact in f32;
@@ -37,6 +39,7 @@
 #include <string.h>
 
 #include "linear_cuda.h"
+#include "ops_cuda.h"
 extern "C" {
 #include "ops_ref.h"
 }
@@ -546,6 +549,187 @@ static void check_pack(void) {
     CHECK(nb_cuda_wq_pack_sz(NULL, sc, zr, M, K) == NB_ERR_INVALID_ARG);
 }
 
+// The gate|up projection with the SwiGLU epilogue (nb_cuda_matmul_wq_swiglu)
+// on gate|up quantized in the SwiGLU row order (nb_cuda_wq_swiglu_row),
+// against the unfused chain on the same rows in model order: the 4-bit
+// matmul into f32 [n][2I] (gate rows, then up rows), then the SwiGLU kernel
+// storing f32, f16, saturating f16 or bf16. Every byte must match, for the
+// decode kernel (each of its variants), the tile kernel and several n. The
+// f32 output is also held to the C references (nb_ref_matmul_wq, then
+// nb_ref_silu_mul): with Eg, Eu the matmul bound of the header on gate and
+// up, |got - ref| <= 1.1*|u|*Eg + |silu(g)|*Eu + 2^-20*|ref| (silu'(g) is
+// within [-0.1, 1.1]; the last term covers silu's own roundings).
+static void run_swiglu(int I, int k, int nmax) {
+    const int m = 2 * I;
+    const size_t mk = (size_t)m * k, nk = (size_t)nmax * k;
+    size_t pb = 0, ngt = 0;
+    CHECK(nb_wq_sizes(m, k, &pb, &ngt) == NB_OK);
+    // Model order: gate rows [0, I), up rows [I, 2I); and the SwiGLU order.
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *wi = (uint16_t *)malloc(mk * 2);
+    for (int j = 0; j < m; j++) {
+        const double amp = 0.02 + 0.2 * urand(), off = 0.05 * (urand() - 0.5);
+        for (int t = 0; t < k; t++)
+            nb_store_f32(w, NB_DTYPE_BF16, (size_t)j * k + t, (float)(off + amp * (2.0 * urand() - 1.0)));
+    }
+    for (int j = 0; j < I; j++)
+        for (int part = 0; part < 2; part++)
+            memcpy(wi + (size_t)nb_cuda_wq_swiglu_row(j, part) * k, w + ((size_t)part * I + j) * k, (size_t)k * 2);
+    uint8_t *up[2];
+    uint16_t *sc[2], *zr[2], *sz[2];
+    const size_t nsz = nb_cuda_wq_sz_elems(m, k);
+    nb_cuda_wq dw[2];
+    for (int v = 0; v < 2; v++) {
+        up[v] = (uint8_t *)malloc(pb);
+        sc[v] = (uint16_t *)malloc(ngt * 2);
+        zr[v] = (uint16_t *)malloc(ngt * 2);
+        sz[v] = (uint16_t *)malloc(nsz * 2);
+        CHECK(nb_wq_quantize(v ? wi : w, NB_DTYPE_BF16, m, k, up[v], NULL, sc[v], zr[v]) == NB_OK);
+    }
+    // Rows are quantized on their own: the SwiGLU order holds the same codes.
+    const size_t rb = (size_t)k / 2, gpr = ngt / m;
+    long moved = 0;
+    for (int j = 0; j < I; j++)
+        for (int part = 0; part < 2; part++) {
+            const size_t a = (size_t)part * I + j, b = (size_t)nb_cuda_wq_swiglu_row(j, part);
+            moved += memcmp(up[0] + a * rb, up[1] + b * rb, rb) != 0 ||
+                     memcmp(sc[0] + a * gpr, sc[1] + b * gpr, gpr * 2) != 0 ||
+                     memcmp(zr[0] + a * gpr, zr[1] + b * gpr, gpr * 2) != 0;
+        }
+    CHECKF(moved == 0, "swiglu I=%d k=%d: %ld rows quantized differently once moved", I, k, moved);
+    // The C references (model order), f32.
+    uint16_t *x = (uint16_t *)malloc(nk * 2);
+    float *xf = (float *)malloc(nk * 4), *xa = (float *)malloc(nk * 4);
+    for (size_t e = 0; e < nk; e++) nb_store_f32(x, NB_DTYPE_F16, e, (float)(4.0 * urand() - 2.0));
+    nb_ref_convert_to_f32(xf, x, NB_DTYPE_F16, nk);
+    for (size_t e = 0; e < nk; e++) xa[e] = fabsf(xf[e]);
+    uint16_t *sca = (uint16_t *)malloc(ngt * 2), *zra = (uint16_t *)malloc(ngt * 2);
+    for (size_t e = 0; e < ngt; e++) sca[e] = sc[0][e] & 0x7fffu, zra[e] = zr[0][e] & 0x7fffu;
+    nb_wq_tensor hw = {up[0], NULL, sc[0], zr[0]}, hwa = {up[0], NULL, sca, zra};
+    float *gu = (float *)malloc((size_t)nmax * m * 4), *S = (float *)malloc((size_t)nmax * m * 4);
+    nb_ref_matmul_wq(gu, xf, &hw, 0, NULL, NB_DTYPE_F32, nmax, m, k);
+    nb_ref_matmul_wq(S, xa, &hwa, 0, NULL, NB_DTYPE_F32, nmax, m, k);
+    for (int v = 0; v < 2; v++) {
+        CHECK(nb_cuda_wq_pack_plane(up[v], pb) == NB_OK);
+        CHECK(nb_cuda_wq_pack_sz(sz[v], sc[v], zr[v], m, k) == NB_OK);
+        dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(up[v], pb), NULL, (const uint16_t *)dev_upload(sz[v], nsz * 2)};
+    }
+    void *d_x = dev_upload(x, nk * 2), *d_gu = NULL, *d_a = NULL, *d_b = NULL;
+    const size_t ob = (size_t)nmax * I * 4;
+    CUDA_OK(cudaMalloc(&d_gu, (size_t)nmax * m * 4));
+    CUDA_OK(cudaMalloc(&d_a, ob));
+    CUDA_OK(cudaMalloc(&d_b, ob));
+    uint8_t *ha = (uint8_t *)malloc(ob), *hb = (uint8_t *)malloc(ob);
+    const int ns[] = {1, 2, 4, 5, 8, 9, 12, 16, 17, 33};
+    const struct { nb_dtype dt; int sat; } outs[] = {{NB_DTYPE_F16, 1}, {NB_DTYPE_F32, 0}, {NB_DTYPE_F16, 0}, {NB_DTYPE_BF16, 0}};
+    long checked = 0;
+    double worst = 0;
+    // kernel: 0 built in, 1 tile kernel (decode kernel off), 2.. forced decode-kernel variants
+    for (int kern = 0; kern < 2 + 5 + 4; kern++) {
+        const int gv = kern >= 2 && kern < 7 ? kern - 2 : -1, gv2 = kern >= 7 ? kern - 7 : -1;
+        nb_cuda_matmul_wq_set_decode_kernel(kern == 1 ? 0 : -1);
+        nb_cuda_matmul_wq_set_gemv_variant(gv);
+        nb_cuda_matmul_wq_set_gemv16_variant(gv2);
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const int n = ns[in];
+            if (n > nmax || (gv >= 0 && n > 8) || (gv2 >= 0 && (n <= 8 || n > 16))) continue;
+            for (size_t io = 0; io < sizeof outs / sizeof outs[0]; io++) {
+                const nb_dtype odt = outs[io].dt;
+                if (kern > 0 && io > 0) continue; // every output type once, on the built-in path
+                const size_t bytes = (size_t)n * I * nb_dtype_size(odt);
+                CUDA_OK(cudaMemset(d_gu, 0xff, (size_t)nmax * m * 4));
+                CUDA_OK(cudaMemset(d_a, 0xff, ob));
+                CUDA_OK(cudaMemset(d_b, 0xff, ob));
+                CHECK(nb_cuda_matmul_wq(d_gu, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m,
+                                        k, NULL, 0, 0) == NB_OK);
+                const nb_cuda_cvt cvt = {odt == NB_DTYPE_F32 ? NULL : d_b, odt, outs[io].sat};
+                CHECK(nb_cuda_silu_mul_cvt(odt == NB_DTYPE_F32 ? (float *)d_b : NULL, cvt, (const float *)d_gu,
+                                           (const float *)d_gu + I, m, n, I, 0) == NB_OK);
+                CHECK(nb_cuda_matmul_wq_swiglu(d_a, odt, outs[io].sat, d_x, NB_DTYPE_F16, &dw[1], 0, n, m, k, 0) ==
+                      NB_OK);
+                CUDA_OK(cudaDeviceSynchronize());
+                CUDA_OK(cudaMemcpy(ha, d_a, ob, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hb, d_b, ob, cudaMemcpyDeviceToHost));
+                // The bytes past n rows must be untouched (still the 0xff poison).
+                long past = 0;
+                for (size_t e = bytes; e < ob; e++) past += ha[e] != 0xff;
+                CHECKF(memcmp(ha, hb, bytes) == 0 && past == 0,
+                       "swiglu I=%d k=%d n=%d out=%s sat=%d kernel=%d: fused differs from matmul + SwiGLU (%ld "
+                       "bytes written past n rows)",
+                       I, k, n, nb_dtype_name(odt), outs[io].sat, kern, past);
+                checked += (long)n * I;
+                if (odt != NB_DTYPE_F32) continue;
+                const float *got = (const float *)ha;
+                long bad = 0;
+                for (int r = 0; r < n; r++)
+                    for (int j = 0; j < I; j++) {
+                        const size_t gi = (size_t)r * m + j, ui = gi + I;
+                        float ref = 0;
+                        nb_ref_silu_mul(&ref, &gu[gi], &gu[ui], 1);
+                        const double sg = fabs((double)gu[gi] / (1.0 + exp(-(double)gu[gi])));
+                        const double tol = 1.1 * fabs(gu[ui]) * ldexp(S[gi], -14) + sg * ldexp(S[ui], -14) +
+                                           ldexp(fabs(ref), -20);
+                        const double err = fabs((double)got[(size_t)r * I + j] - ref);
+                        if (!(err <= tol)) bad++;
+                        else if (tol > 0 && err / tol > worst) worst = err / tol;
+                    }
+                CHECKF(bad == 0, "swiglu I=%d k=%d n=%d: %ld outputs outside the bound of the C reference", I, k, n,
+                       bad);
+            }
+        }
+    }
+    nb_cuda_matmul_wq_set_decode_kernel(-1);
+    nb_cuda_matmul_wq_set_gemv_variant(-1);
+    nb_cuda_matmul_wq_set_gemv16_variant(-1);
+    printf("swiglu I=%d k=%d: %ld outputs bit-exact against matmul + SwiGLU, worst |err|/tol vs C %.3f\n", I, k,
+           checked, worst);
+    // Arguments: refused, nothing launched.
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_BF16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, 0) ==
+          NB_ERR_INVALID_ARG); // saturation is an f16 store
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_BF16, &dw[1], 0, 1, m, k, 0) ==
+          NB_ERR_UNSUPPORTED); // f16 x only
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 1, 1, m, k, 0) ==
+          NB_ERR_INVALID_ARG); // no lower plane
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, (const char *)d_x + 2, NB_DTYPE_F16, &dw[1], 0, 1, m, k,
+                                   0) == NB_ERR_UNSUPPORTED); // x not 16-byte aligned
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, 1, m - 8, k, 0) ==
+          NB_ERR_UNSUPPORTED); // m % 16 != 0
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, 100, 0) ==
+          NB_ERR_INVALID_ARG); // k without a group size
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, -1, m, k, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_wq_swiglu(NULL, NB_DTYPE_F16, 1, NULL, NB_DTYPE_F16, &dw[1], 0, 0, m, k, 0) == NB_OK);
+    CHECK(nb_cuda_matmul_wq_swiglu((char *)d_x + 16, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, 0) ==
+          NB_ERR_INVALID_ARG); // out inside x: the engine's first version wrote its output over its input
+    CHECK(nb_cuda_matmul_wq_swiglu(d_x, NB_DTYPE_F16, 1, (char *)d_x + 16, NB_DTYPE_F16, &dw[1], 0, 1, m, k, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(!nb_cuda_matmul_wq_swiglu_supported(m, 96) && !nb_cuda_matmul_wq_swiglu_supported(24, k) &&
+          nb_cuda_matmul_wq_swiglu_supported(m, k));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int v = 0; v < 2; v++) {
+        CUDA_OK(cudaFree((void *)dw[v].upper));
+        CUDA_OK(cudaFree((void *)dw[v].sz));
+        free(up[v]);
+        free(sc[v]);
+        free(zr[v]);
+        free(sz[v]);
+    }
+    CUDA_OK(cudaFree(d_x));
+    CUDA_OK(cudaFree(d_gu));
+    CUDA_OK(cudaFree(d_a));
+    CUDA_OK(cudaFree(d_b));
+    free(w);
+    free(wi);
+    free(x);
+    free(xf);
+    free(xa);
+    free(sca);
+    free(zra);
+    free(gu);
+    free(S);
+    free(ha);
+    free(hb);
+}
+
 int main(void) {
     check_pack();
     int ndev = 0;
@@ -591,6 +775,11 @@ int main(void) {
     // alone as everywhere.
     run_shape(NB_DTYPE_F16, 40, 65536, 12, ns, n_ns);
     run_shape(NB_DTYPE_BF16, 24, 66048, 12, ns, n_ns);
+    // gate|up with the SwiGLU epilogue: a small MLP, one whose 16-row tiles
+    // do not fill the last decode-kernel item, and a Llama-3-8B-sized one.
+    run_swiglu(256, 512, 33);
+    run_swiglu(520, 384, 33);
+    run_swiglu(14336, 4096, 17);
 
     // Argument checks.
     nb_cuda_wq none = {NULL, NULL, NULL};
