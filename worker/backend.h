@@ -158,4 +158,10 @@ nb_status nb_backend_cuda_plan(const nb_backend_config *cfg, size_t *static_byte
 // The cuda backend's KV pools (device pointers), for tests.
 nb_status nb_backend_cuda_pools(const nb_backend *be, nb_kv_pools *pools);
 
+// How many layers of the cuda backend keep the draft's gate|up copy in the
+// SwiGLU layout (one launch for gate|up and SwiGLU per draft layer; see
+// backend_cuda.c's swiglu_stage), for tests and benchmarks; -1 for a
+// backend that is not the cuda one.
+int nb_backend_cuda_swiglu_layers(const nb_backend *be);
+
 #endif // NB_BACKEND_H

@@ -66,6 +66,9 @@ typedef struct dlin {
     nb_cuda_wq q;     // device planes and sz; q.upper NULL when there is no quantized copy
     const void *bias; // device [m] bias_dt, or NULL
     nb_dtype bias_dt;
+    // gate|up only: q holds the rows in nb_cuda_wq_swiglu_row order (a
+    // draft-only copy), for nb_cuda_matmul_wq_swiglu; w keeps model order.
+    bool swiglu;
 } dlin;
 
 typedef struct dlayer {
@@ -406,7 +409,7 @@ static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_v
     if (L->bias && (st = h2d_as(be, (uint8_t *)L->bias + (size_t)r0 * nb_dtype_size(L->bias_dt), b, (size_t)m,
                                 L->bias_dt, err, err_len)) != NB_OK)
         return st;
-    if (!L->q.upper) return NB_OK;
+    if (!L->q.upper || L->swiglu) return NB_OK; // swiglu: lin_put_q_swiglu uploads q
     const bool int8 = L->q.lower != NULL;
     size_t plane = 0, total_plane = 0;
     nb_wq_sizes(m, k, &plane, NULL);
@@ -424,10 +427,63 @@ static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_v
     return st;
 }
 
+// Whether environment variable `name` is set to "0..." (a switch turned off).
+static bool env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && e[0] == '0';
+}
+
+// The draft's gate|up copy in the SwiGLU layout (nb_cuda_wq_swiglu_row):
+// each part quantized by the reference function (as wq_host does), its rows
+// moved into that order, the whole packed and uploaded as one matrix.
+static nb_status lin_put_q_swiglu(cuda_backend *be, const dlin *L, const nb_tensor_view *gw,
+                                  const nb_tensor_view *uw, char *err, size_t err_len) {
+    const int I = (int)gw->shape[0], k = L->k, m = L->m;
+    size_t pplane = 0, png = 0, plane = 0, ng = 0;
+    nb_status st = nb_wq_sizes(I, k, &pplane, &png);
+    if (st == NB_OK) st = nb_wq_sizes(m, k, &plane, &ng);
+    if (st != NB_OK) return st;
+    const size_t rowb = (size_t)k / 2, gpr = png / (size_t)I, szn = nb_cuda_wq_sz_elems(m, k);
+    uint8_t *tmp = malloc(pplane + 2 * png * sizeof(uint16_t));
+    uint8_t *h = malloc(plane + szn * sizeof(uint16_t) + 2 * ng * sizeof(uint16_t));
+    if (!tmp || !h) {
+        free(tmp);
+        free(h);
+        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", gw->name);
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    uint16_t *ts = (uint16_t *)(tmp + pplane), *hs = (uint16_t *)(h + plane + szn * sizeof(uint16_t));
+    const nb_tensor_view *parts[2] = {gw, uw};
+    for (int pi = 0; pi < 2 && st == NB_OK; pi++) {
+        st = nb_wq_quantize(parts[pi]->data, parts[pi]->dtype, I, k, tmp, NULL, ts, ts + png);
+        if (st != NB_OK) {
+            nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", parts[pi]->name, nb_status_str(st));
+            break;
+        }
+        for (int j = 0; j < I; j++) {
+            const size_t r = (size_t)nb_cuda_wq_swiglu_row(j, pi);
+            memcpy(h + r * rowb, tmp + (size_t)j * rowb, rowb);
+            memcpy(hs + r * gpr, ts + (size_t)j * gpr, gpr * sizeof(uint16_t));
+            memcpy(hs + ng + r * gpr, ts + png + (size_t)j * gpr, gpr * sizeof(uint16_t));
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_cuda_wq_pack_plane(h, plane);
+        if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + plane), hs, hs + ng, m, k);
+        if (st != NB_OK) nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", gw->name, nb_status_str(st));
+    }
+    if (st == NB_OK) st = h2d(be, (uint8_t *)L->q.upper, h, plane, err, err_len);
+    if (st == NB_OK) st = h2d(be, (uint16_t *)L->q.sz, h + plane, szn * sizeof(uint16_t), err, err_len);
+    free(tmp);
+    free(h);
+    return st;
+}
+
 // One linear layer made of np parts stacked by rows (q|k|v, gate|up): one
 // matmul instead of np launches. The caller checked lin_fusable().
 static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *const *w,
-                              const nb_tensor_view *const *b, int np, char *err, size_t err_len) {
+                              const nb_tensor_view *const *b, int np, bool swiglu_ok, char *err,
+                              size_t err_len) {
     memset(L, 0, sizeof(*L));
     for (int i = 0; i < np; i++) L->m += (int)w[i]->shape[0];
     L->k = (int)w[0]->shape[1];
@@ -436,6 +492,13 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
     size_t plane = 0;
     const bool quantizable = nb_wq_sizes(L->m, L->k, &plane, NULL) == NB_OK;
     const bool want_q = quantizable && (c->draft_w4 || int8);
+    // gate|up in the SwiGLU layout when its quantized copy serves the draft
+    // alone (the target reads the dense copy): one launch for gate|up and
+    // SwiGLU in every draft pass. NB_WQ_SWIGLU=0 in the environment keeps
+    // the model's row order (benchmarks compare; the same bits either way).
+    L->swiglu = swiglu_ok && np == 2 && want_q && !int8 && c->draft_w4 && !(b[0] && b[0]->data) &&
+                w[0]->shape[0] == w[1]->shape[0] && w[0]->shape[0] % 8 == 0 &&
+                nb_cuda_matmul_wq_swiglu_supported(L->m, L->k) && !env_off("NB_WQ_SWIGLU");
     nb_status st;
     void *dev = NULL;
     if (!(int8 && quantizable)) {
@@ -469,7 +532,7 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
     }
     for (int i = 0, r0 = 0; i < np; r0 += (int)w[i]->shape[0], i++)
         if ((st = lin_put_part(be, L, w[i], b[i], r0, err, err_len)) != NB_OK) return st;
-    return NB_OK;
+    return L->swiglu ? lin_put_q_swiglu(be, L, w[0], w[1], err, err_len) : NB_OK;
 }
 
 // Can parts w[0..np) (biases b) be one stacked matrix? Same k and dtype,
@@ -754,6 +817,35 @@ static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const voi
     return NB_OK;
 }
 
+// The draft's gate|up projection and SwiGLU as one matmul (gate|up in the
+// SwiGLU layout, dlin.swiglu), writing the down projection's quantized input
+// as silu_stage would convert it (f16, saturating: stage_plan's copy for
+// LIN_Q4), with the same bits (nb_cuda_matmul_wq_swiglu). It goes to
+// be->gate, which the unfused path fills with the f32 gate|up rows: NOT to
+// xa_q, where x itself is (the norm's output), since a block may store
+// before another has read all of x. Step mode takes STEP_SLICE-row slices,
+// as lin_run does for quantized layers.
+static nb_status swiglu_stage(cuda_backend *be, const void *x, int n, const dlin *L, lin_path pdown, bool step,
+                              const void **xd, const void **xq) {
+    // NOTE: the layout is chosen only where the down projection has a draft
+    // copy, so its input is the f16 copy of the Q4 path.
+    if (pdown != LIN_Q4 || x == (const void *)be->gate) return NB_ERR_INTERNAL;
+    const int I = L->m / 2, k = L->k;
+    const nb_dtype dt = qx_of(be, LIN_Q4);
+    const size_t xrow = (size_t)k * nb_dtype_size(dt), orow = (size_t)I * nb_dtype_size(dt);
+    const int slice = step ? STEP_SLICE : (n > 0 ? n : 1);
+    for (int r = 0; r < n; r += slice) {
+        const int rows = n - r < slice ? n - r : slice;
+        nb_status st = nb_cuda_matmul_wq_swiglu((uint8_t *)be->gate + (size_t)r * orow, dt, 1,
+                                                (const uint8_t *)x + (size_t)r * xrow, dt, &L->q, 0, rows, L->m, k,
+                                                be->stream);
+        if (st != NB_OK) return st;
+    }
+    *xd = NULL;
+    *xq = be->gate;
+    return NB_OK;
+}
+
 // Layout of one pass's metadata in the staging buffers (byte offsets).
 // The kernels of one pass, enqueued on the stream (captured into a CUDA
 // graph for repeated step shapes). Everything that varies between passes of
@@ -820,7 +912,10 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         CK(norm_stage(be, be->tmp, L->ffn_norm, L->ffn_norm_dt, R, path_of(be, g0, mode), path_of(be, g1, mode),
                       &xd, &xq),
            "residual + rmsnorm");
-        if (be->fgu) {
+        if (be->fgu && L->gu.swiglu && path_of(be, &L->gu, mode) == LIN_Q4) {
+            CK(swiglu_stage(be, xq, R, &L->gu, path_of(be, &L->down, mode), step, &xd, &xq),
+               "gate/up projection + swiglu");
+        } else if (be->fgu) {
             CK(lin_run(be, be->gate, xd, xq, R, &L->gu, mode, step), "gate/up projection");
             CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R, path_of(be, &L->down, mode), &xd, &xq),
                "swiglu");
@@ -1286,8 +1381,10 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
             st = lin_init(be, map[i].dst, map[i].w, map[i].b, err, err_len);
             if (st != NB_OK) return st;
         }
-        if ((be->fqkv && (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, err, err_len)) != NB_OK) ||
-            (be->fgu && (st = lin_init_cat(be, &dl->gu, gw, gb, 2, err, err_len)) != NB_OK))
+        // The SwiGLU layout needs the down projection's draft copy too: the
+        // fused pass writes its quantized input.
+        if ((be->fqkv && (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, false, err, err_len)) != NB_OK) ||
+            (be->fgu && (st = lin_init_cat(be, &dl->gu, gw, gb, 2, dl->down.q.upper != NULL, err, err_len)) != NB_OK))
             return st;
         dl->attn_norm_dt = lw->attn_norm.dtype;
         dl->ffn_norm_dt = lw->ffn_norm.dtype;
@@ -1562,4 +1659,12 @@ nb_status nb_backend_cuda_pools(const nb_backend *base, nb_kv_pools *pools) {
     if (!base || base->ops != &cuda_ops) return NB_ERR_INVALID_ARG;
     *pools = ((const cuda_backend *)base)->pools;
     return NB_OK;
+}
+
+int nb_backend_cuda_swiglu_layers(const nb_backend *base) {
+    if (!base || base->ops != &cuda_ops) return -1;
+    const cuda_backend *be = (const cuda_backend *)base;
+    int n = 0;
+    for (int l = 0; l < be->mc->n_layers; l++) n += be->fgu && be->layers[l].gu.swiglu;
+    return n;
 }
