@@ -1224,6 +1224,30 @@ extern "C" int nb_cuda_matmul_wq_set_gemv16_variant(int v) {
 }
 
 namespace {
+// The parameters of one call (arguments checked), no epilogue.
+WqParams wq_params(void *out, nb_dtype out_dt, const void *x, const nb_cuda_wq *w, bool use_lower,
+                   const void *bias, nb_dtype bias_dt, int n, int m, int k) {
+    WqParams p;
+    p.out = out;
+    p.x = x;
+    p.upper = w->upper;
+    p.lower = use_lower ? w->lower : nullptr;
+    p.sz = w->sz;
+    p.bias = bias;
+    p.out_dt = (int)out_dt;
+    p.bias_dt = (int)bias_dt;
+    p.n = n;
+    p.m = m;
+    p.k = k;
+    p.trace_seq = -1;
+#ifdef NB_WQ_TRACE
+    for (int i = 0; i < kTrL; i++)
+        if (nb_wq_trace_outs[i] == out) p.trace_seq = i;
+#endif
+    p.swiglu = p.sat = 0;
+    return p;
+}
+
 // The launch of one nb_cuda_matmul_wq / _swiglu call (arguments checked):
 // the decode kernel, the tile kernel or the scalar kernel (not for the
 // SwiGLU epilogue, whose callers check nb_cuda_matmul_wq_swiglu_supported).
@@ -1294,26 +1318,10 @@ extern "C" nb_status nb_cuda_matmul_wq(void *out, nb_dtype out_dt, const void *x
     if (!io_dtype_ok(out_dt) || (bias && !io_dtype_ok(bias_dt))) return NB_ERR_INVALID_ARG;
     if (n == 0 || m == 0) return NB_OK;
     if (!out || !x || !w->upper || !w->sz || (use_lower && !w->lower)) return NB_ERR_INVALID_ARG;
-    WqParams p;
-    p.out = out;
-    p.x = x;
-    p.upper = w->upper;
-    p.lower = use_lower ? w->lower : nullptr;
-    p.sz = w->sz;
-    p.bias = bias;
-    p.out_dt = (int)out_dt;
-    p.bias_dt = (int)bias_dt;
-    p.n = n;
-    p.m = m;
-    p.k = k;
-    p.trace_seq = -1;
-#ifdef NB_WQ_TRACE
-    for (int i = 0; i < kTrL; i++)
-        if (nb_wq_trace_outs[i] == out) p.trace_seq = i;
-#endif
-    p.swiglu = p.sat = 0;
+    WqParams p = wq_params(out, out_dt, x, w, use_lower != 0, bias, bias_dt, n, m, k);
     return wq_dispatch(p, x_dt, use_lower != 0, gs, stream);
 }
+
 extern "C" int nb_cuda_matmul_wq_swiglu_supported(int m, int k) {
     return m > 0 && m % 16 == 0 && nb_wq_group_size(k) == kGroup;
 }
@@ -1333,19 +1341,7 @@ extern "C" nb_status nb_cuda_matmul_wq_swiglu(void *out, nb_dtype out_dt, int sa
     if (!nb_cuda_matmul_wq_swiglu_supported(m, k) || !aligned16(x) || !aligned16(w->upper) ||
         (use_lower && !aligned16(w->lower)) || ((uintptr_t)w->sz & 7u) != 0)
         return NB_ERR_UNSUPPORTED;
-    WqParams p;
-    p.out = out;
-    p.x = x;
-    p.upper = w->upper;
-    p.lower = use_lower ? w->lower : nullptr;
-    p.sz = w->sz;
-    p.bias = nullptr;
-    p.out_dt = (int)out_dt;
-    p.bias_dt = (int)NB_DTYPE_F32;
-    p.n = n;
-    p.m = m;
-    p.k = k;
-    p.trace_seq = -1;
+    WqParams p = wq_params(out, out_dt, x, w, use_lower != 0, nullptr, NB_DTYPE_F32, n, m, k);
     p.swiglu = 1;
     p.sat = sat != 0;
     return wq_dispatch(p, x_dt, use_lower != 0, kGroup, stream);

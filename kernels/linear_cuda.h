@@ -133,8 +133,9 @@ int nb_cuda_matmul_wq_swiglu_supported(int m, int k);
 // the tile kernel above). out must not overlap x (blocks store while others
 // still read x). Returns NB_OK; NB_ERR_INVALID_ARG (as nb_cuda_matmul_wq,
 // sat with out_dt other than f16, out overlapping x);
-// NB_ERR_UNSUPPORTED (shape or alignment outside the fast path: see
-// nb_cuda_matmul_wq_swiglu_supported; 16-byte aligned x and planes, 8-byte
+// NB_ERR_UNSUPPORTED (outside what the epilogue is built for: the 4-bit
+// view (use_lower 0) with f16 x, the shapes of
+// nb_cuda_matmul_wq_swiglu_supported, 16-byte aligned x and planes, 8-byte
 // aligned sz); NB_ERR_BACKEND (launch failed).
 nb_status nb_cuda_matmul_wq_swiglu(void *out /*[n][m/2] out_dt*/, nb_dtype out_dt, int sat,
                                    const void *x /*[n][k] x_dt*/, nb_dtype x_dt,

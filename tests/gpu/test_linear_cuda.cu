@@ -689,6 +689,8 @@ static void run_swiglu(int I, int k, int nmax) {
           NB_ERR_UNSUPPORTED); // f16 x only
     CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 1, 1, m, k, 0) ==
           NB_ERR_INVALID_ARG); // no lower plane
+    const nb_cuda_wq wl = {dw[1].upper, dw[1].upper, dw[1].sz}; // a "lower plane": the 8-bit view is not built
+    CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &wl, 1, 1, m, k, 0) == NB_ERR_UNSUPPORTED);
     CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, (const char *)d_x + 2, NB_DTYPE_F16, &dw[1], 0, 1, m, k,
                                    0) == NB_ERR_UNSUPPORTED); // x not 16-byte aligned
     CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, 1, m - 8, k, 0) ==
