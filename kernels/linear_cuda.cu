@@ -33,7 +33,7 @@
 
 #include "dtype_cuda.cuh"
 #include "pdl_cuda.cuh"
-#include "swiglu_cuda.cuh"
+#include "elementwise_cuda.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -60,11 +60,21 @@ struct WqParams {
     int out_dt, bias_dt;
     int n, m, k;
     int trace_seq;          // NB_WQ_TRACE builds: the launch's trace slot, or -1
-    // SwiGLU epilogue (nb_cuda_matmul_wq_swiglu): rows 16t + i and 16t + 8 + i
-    // (i < 8) are gate and up row 8t + i; out is [n][m/2] out_dt (f16
-    // saturating when sat), no bias. 0: out[n][m] as computed.
-    int swiglu, sat;
+    // The epilogue (kEpiPlain: out[n][m] as computed). kEpiSwiglu
+    // (nb_cuda_matmul_wq_swiglu): rows 16t + i and 16t + 8 + i (i < 8) are
+    // gate and up row 8t + i; out is [n][m/2] out_dt (f16 saturating when
+    // sat), no bias. kEpiRope (nb_cuda_matmul_wq_rope): rows 16t + i and
+    // 16t + 8 + i of a head are its dims 8(t mod D/16) + i and that + D/2;
+    // out unused, see WqRopeParams.
+    int epi, sat;
 };
+// The RoPE epilogue's kernels take this (the others WqParams alone: a
+// larger parameter block changed the registers of the plain kernels).
+struct WqRopeParams : WqParams {
+    nb_cuda_wq_rope rope;
+};
+constexpr int kEpiPlain = 0, kEpiSwiglu = 1, kEpiRope = 2;
+template <int EPI> using WqP = typename std::conditional<EPI == kEpiRope, WqRopeParams, WqParams>::type;
 
 // Constants for turning "magic | code" into the code: value = h * mul + add.
 template <typename XT> struct Deq;
@@ -292,6 +302,35 @@ __device__ __forceinline__ void store_swiglu(const WqParams &p, int i, int j, fl
     else static_cast<uint16_t *>(p.out)[e] = nb_dt::f32_to_bf16(v);
 }
 
+// The RoPE epilogue's store: the outputs x0, x1 of weight rows row and
+// row + 8 (a 16-row tile's lane pair) for x row i: dims d and d + D/2 of
+// head row / D, with d = 8 * ((row mod D) / 16) + (row mod 8). q heads
+// are rotated into q_out, k heads rotated and v heads as they are into
+// the FP cache at (fpblock[i], slot[i]) (a row outside the pool or block:
+// skipped), each as nb_cuda_rope_write_kv stores them.
+__device__ __forceinline__ void store_rope(const WqRopeParams &p, int i, int row, float x0, float x1) {
+    const nb_cuda_wq_rope &r = p.rope;
+    const int D = r.lay.head_dim, h = D / 2, hd = row / D, d = ((row % D) >> 4) * 8 + (row & 7);
+    const int nq = r.n_heads, nkv = r.lay.n_kv_heads;
+    float y0 = x0, y1 = x1;
+    if (hd < nq + nkv) {
+        const float2 cs = reinterpret_cast<const float2 *>(r.cs)[(size_t)i * h + d];
+        nb_ops::rope_rot(x0, x1, cs.x, cs.y, y0, y1);
+    }
+    if (hd < nq) {
+        float *q = r.q_out + ((size_t)i * nq + hd) * D;
+        q[d] = y0;
+        q[d + h] = y1;
+        return;
+    }
+    const int32_t fb = r.fpblock[i], sl = r.slot[i];
+    if (fb < 0 || fb >= r.lay.n_fpblocks || sl < 0 || sl >= r.lay.group_size) return;
+    const int kv = hd >= nq + nkv, kh = hd - nq - kv * nkv;
+    const size_t o = nb_kv_fp_offset(&r.lay, r.layer, fb, kh, kv, sl);
+    nb_ops::store_as(r.fp, r.lay.dtype, o + d, y0);
+    nb_ops::store_as(r.fp, r.lay.dtype, o + d + h, y1);
+}
+
 template <typename XT> __device__ __forceinline__ float x_to_f32(XT v);
 template <> __device__ __forceinline__ float x_to_f32<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float x_to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
@@ -329,8 +368,8 @@ __device__ __forceinline__ void wq_trace_t(int seq, int pt, unsigned long long t
 // The tensor-core kernel. Block: kWarps warps, R tiles of 16 weight rows
 // (blockIdx.x), NT tiles of 8 x rows (blockIdx.y); grid.x = ceil(m/16R),
 // grid.y = ceil(n/8NT).
-template <typename XT, int NT, int R, bool LOWER, int kGU, bool SWI>
-__global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
+template <typename XT, int NT, int R, bool LOWER, int kGU, int EPI>
+__global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
     __shared__ float red[kWarps][NT * 8][R * 16];
     WQ_TRACE_SEQ;
     WQ_TRACE(0);
@@ -471,15 +510,16 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqParams p) {
                 red[warp][nt * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] =
                     tile_out<XT, LOWER>(tot[r][nt][i]);
     __syncthreads();
-    if constexpr (SWI) { // each output of the other branch, then gate and up paired (m % 16 == 0)
+    if constexpr (EPI != kEpiPlain) { // each output of the other branch, rows rl and rl + 8 paired (m % 16 == 0)
         for (int idx = threadIdx.x; idx < NT * 8 * R * 8; idx += kThreads) {
             const int xc = idx / (R * 8), q = idx % (R * 8), rl = (q >> 3) * 16 + (q & 7);
             const int row = row0 + rl, xrow = xr0 + xc;
             if (row >= p.m || xrow >= p.n) continue;
-            float vg = red[0][xc][rl], vu = red[0][xc][rl + 8];
+            float va = red[0][xc][rl], vb = red[0][xc][rl + 8];
 #pragma unroll
-            for (int w = 1; w < kWarps; w++) vg += red[w][xc][rl], vu += red[w][xc][rl + 8];
-            store_swiglu(p, xrow, (row >> 4) * 8 + (q & 7), vg, vu);
+            for (int w = 1; w < kWarps; w++) va += red[w][xc][rl], vb += red[w][xc][rl + 8];
+            if constexpr (EPI == kEpiSwiglu) store_swiglu(p, xrow, (row >> 4) * 8 + (q & 7), va, vb);
+            else store_rope(p, xrow, row, va, vb);
         }
     } else {
         for (int idx = threadIdx.x; idx < NT * 8 * R * 16; idx += kThreads) {
@@ -565,9 +605,9 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // each item's A fragments (n > 8: NX = 2; R = 2 then halves the x
 // fragments loaded per weight byte). Every output gets the arithmetic of
 // the tile kernel whatever R and NX.
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, bool SWI>
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
 __global__ void __launch_bounds__(kThreads, MINB)
-    wq_gemv_kernel(const WqParams p, int ntiles, int cw_max) {
+    wq_gemv_kernel(const WqP<EPI> p, int ntiles, int cw_max) {
     static_assert(!X1 || NX == 1, "X1: one row of x");
     extern __shared__ __align__(16) unsigned char gv_smem[];
     __shared__ float red[2][kWarps][NX * 8][R * 16];
@@ -784,15 +824,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
         // buffer is rewritten two row tiles later, after every reader has
         // passed the barrier in between.
         __syncthreads();
-        if constexpr (SWI) { // as the tile kernel's
+        if constexpr (EPI != kEpiPlain) { // as the tile kernel's
             for (int idx = threadIdx.x; idx < NX * 8 * R * 8; idx += kThreads) {
                 const int xc = idx / (R * 8), q = idx % (R * 8), rl = (q >> 3) * 16 + (q & 7);
                 const int row = rt * R * 16 + rl;
                 if (row < p.m && xc < p.n) {
-                    float vg = rb[0][xc][rl], vu = rb[0][xc][rl + 8];
+                    float va = rb[0][xc][rl], vb = rb[0][xc][rl + 8];
 #pragma unroll
-                    for (int w = 1; w < kWarps; w++) vg += rb[w][xc][rl], vu += rb[w][xc][rl + 8];
-                    store_swiglu(p, xc, (row >> 4) * 8 + (q & 7), vg, vu);
+                    for (int w = 1; w < kWarps; w++) va += rb[w][xc][rl], vb += rb[w][xc][rl + 8];
+                    if constexpr (EPI == kEpiSwiglu) store_swiglu(p, xc, (row >> 4) * 8 + (q & 7), va, vb);
+                    else store_rope(p, xc, row, va, vb);
                 }
             }
         } else {
@@ -955,8 +996,8 @@ int g_gemv2_var = -1; // -1: the built-in choice (gemv2_builtin)
 // size class (the group sums' area grows with k; classes are powers of two
 // of groups per warp, 4 to 256), and the SM count; computed once per
 // device, kernel and class. Returns 0 and sets *err on a CUDA error.
-constexpr int kGvIds1 = 8 * kGvNVar + 4 * kGv2NVar; // per SWI (the SwiGLU epilogue: + kGvIds1)
-constexpr int kGvIds = 2 * kGvIds1;
+constexpr int kGvIds1 = 8 * kGvNVar + 4 * kGv2NVar; // per epilogue (EPI * kGvIds1 + ...)
+constexpr int kGvIds = 3 * kGvIds1;
 constexpr int kMaxDev = 64;
 // The current device's SM count (cached per device) and its index; 0 and
 // *err set on a CUDA error.
@@ -999,9 +1040,9 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
 
 // One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, bool SWI>
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
 cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
-    if (SWI) id += kGvIds1;
+    id += EPI * kGvIds1;
     // Size classes up to k = 256k (NX = 1) or 64k (NX = 2: twice the group
     // sums per group, and a larger static reduction area); see kGemvMaxK.
     constexpr int kClasses = NX == 1 ? 7 : 5;
@@ -1012,7 +1053,7 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
         cls++;
     }
     const size_t smem = gv_smem_bytes<LOWER, ST, R, NX>(cw_max);
-    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX, SWI>;
+    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX, EPI>;
     const void *fn = reinterpret_cast<const void *>(kern);
     cudaError_t err;
     int sms = 1;
@@ -1029,22 +1070,22 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
     return nb_pdl::launch(kern, dim3((unsigned)((ntiles + per_block - 1) / per_block)), dim3(kThreads), smem,
-                          stream, pdl_on(), p, ntiles, cw_max);
+                          stream, pdl_on(), static_cast<const WqP<EPI> &>(p), ntiles, cw_max);
 }
 
-template <typename XT, bool LOWER, int V, bool X1, bool SWI>
+template <typename XT, bool LOWER, int V, bool X1, int EPI>
 cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     constexpr GvVar v = kGvVars[V];
     const int id = V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
     // the 8-bit view: 8 KB in flight per warp (4 items of 2 KB, or 2 of 4 KB)
-    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1, SWI>(p, id, stream);
+    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1, EPI>(p, id, stream);
 }
 
-template <typename XT, bool LOWER, int V, bool SWI>
+template <typename XT, bool LOWER, int V, int EPI>
 cudaError_t launch_gemv2_v(const WqParams &p, cudaStream_t stream) {
     constexpr Gv2Var v = kGv2Vars[V];
     const int id = 8 * kGvNVar + V * 4 + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
-    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2, SWI>(p, id, stream);
+    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2, EPI>(p, id, stream);
 }
 
 // Does a grid of one block per SM, each walking whole 32-row tiles, keep
@@ -1088,60 +1129,61 @@ int gemv_builtin(bool lower, bool f16, int n, int m, int k, cudaError_t *err) {
     return fills ? 4 : 3;
 }
 
-template <typename XT, bool LOWER, bool X1, bool SWI>
+template <typename XT, bool LOWER, bool X1, int EPI>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     cudaError_t err = cudaSuccess;
     const int v =
         g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, p.k, &err);
     if (err != cudaSuccess) return err;
     switch (v) {
-    case 1: return launch_gemv_v<XT, LOWER, 1, X1, SWI>(p, stream);
-    case 2: return launch_gemv_v<XT, LOWER, 2, X1, SWI>(p, stream);
-    case 3: return launch_gemv_v<XT, LOWER, 3, X1, SWI>(p, stream);
-    case 4: return launch_gemv_v<XT, LOWER, 4, X1, SWI>(p, stream);
-    default: return launch_gemv_v<XT, LOWER, 0, X1, SWI>(p, stream);
+    case 1: return launch_gemv_v<XT, LOWER, 1, X1, EPI>(p, stream);
+    case 2: return launch_gemv_v<XT, LOWER, 2, X1, EPI>(p, stream);
+    case 3: return launch_gemv_v<XT, LOWER, 3, X1, EPI>(p, stream);
+    case 4: return launch_gemv_v<XT, LOWER, 4, X1, EPI>(p, stream);
+    default: return launch_gemv_v<XT, LOWER, 0, X1, EPI>(p, stream);
     }
 }
 
-template <typename XT, bool LOWER, bool SWI = false> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
+template <typename XT, bool LOWER, int EPI = kEpiPlain> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
     if (p.n > 8) {
         cudaError_t err = cudaSuccess;
         const int v = g_gemv2_var >= 0 ? g_gemv2_var : gemv2_builtin(LOWER, p.m, &err);
         if (err != cudaSuccess) return err;
         switch (v) {
-        case 1: return launch_gemv2_v<XT, LOWER, 1, SWI>(p, stream);
-        case 2: return launch_gemv2_v<XT, LOWER, 2, SWI>(p, stream);
-        case 3: return launch_gemv2_v<XT, LOWER, 3, SWI>(p, stream);
-        default: return launch_gemv2_v<XT, LOWER, 0, SWI>(p, stream);
+        case 1: return launch_gemv2_v<XT, LOWER, 1, EPI>(p, stream);
+        case 2: return launch_gemv2_v<XT, LOWER, 2, EPI>(p, stream);
+        case 3: return launch_gemv2_v<XT, LOWER, 3, EPI>(p, stream);
+        default: return launch_gemv2_v<XT, LOWER, 0, EPI>(p, stream);
         }
     }
-    return p.n == 1 ? launch_gemv_x<XT, LOWER, true, SWI>(p, stream)
-                    : launch_gemv_x<XT, LOWER, false, SWI>(p, stream);
+    return p.n == 1 ? launch_gemv_x<XT, LOWER, true, EPI>(p, stream)
+                    : launch_gemv_x<XT, LOWER, false, EPI>(p, stream);
 }
 
-template <typename XT, int NT, int R, bool LOWER, bool SWI>
+template <typename XT, int NT, int R, bool LOWER, int EPI>
 void launch_mma(const WqParams &p, cudaStream_t stream) {
     const dim3 grid((unsigned)((p.m + R * 16 - 1) / (R * 16)),
                     (unsigned)((p.n + NT * 8 - 1) / (NT * 8)));
-    wq_mma_kernel<XT, NT, R, LOWER, NT == 1 ? 4 : 2, SWI><<<grid, kThreads, 0, stream>>>(p);
+    wq_mma_kernel<XT, NT, R, LOWER, NT == 1 ? 4 : 2, EPI><<<grid, kThreads, 0, stream>>>(
+        static_cast<const WqP<EPI> &>(p));
 }
 
-template <typename XT, int NT, int R, bool SWI>
+template <typename XT, int NT, int R, int EPI>
 void launch_mma_v(const WqParams &p, bool lower, cudaStream_t stream) {
-    if constexpr (SWI) // the SwiGLU epilogue: the 4-bit view only (nb_cuda_matmul_wq_swiglu)
-        launch_mma<XT, NT, R, false, true>(p, stream);
+    if constexpr (EPI != kEpiPlain) // the epilogues: the 4-bit view only
+        launch_mma<XT, NT, R, false, EPI>(p, stream);
     else if (lower)
-        launch_mma<XT, NT, R, true, false>(p, stream);
+        launch_mma<XT, NT, R, true, kEpiPlain>(p, stream);
     else
-        launch_mma<XT, NT, R, false, false>(p, stream);
+        launch_mma<XT, NT, R, false, kEpiPlain>(p, stream);
 }
 
-template <typename XT, bool SWI = false>
+template <typename XT, int EPI = kEpiPlain>
 void launch_mma_x(const WqParams &p, bool lower, int nt, int r, cudaStream_t stream) {
-    if (nt == 1 && r == 1) launch_mma_v<XT, 1, 1, SWI>(p, lower, stream);
-    if (nt == 1 && r == 2) launch_mma_v<XT, 1, 2, SWI>(p, lower, stream);
-    if (nt == 2 && r == 1) launch_mma_v<XT, 2, 1, SWI>(p, lower, stream);
-    if (nt == 2 && r == 2) launch_mma_v<XT, 2, 2, SWI>(p, lower, stream);
+    if (nt == 1 && r == 1) launch_mma_v<XT, 1, 1, EPI>(p, lower, stream);
+    if (nt == 1 && r == 2) launch_mma_v<XT, 1, 2, EPI>(p, lower, stream);
+    if (nt == 2 && r == 1) launch_mma_v<XT, 2, 1, EPI>(p, lower, stream);
+    if (nt == 2 && r == 2) launch_mma_v<XT, 2, 2, EPI>(p, lower, stream);
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -1244,7 +1286,8 @@ WqParams wq_params(void *out, nb_dtype out_dt, const void *x, const nb_cuda_wq *
     for (int i = 0; i < kTrL; i++)
         if (nb_wq_trace_outs[i] == out) p.trace_seq = i;
 #endif
-    p.swiglu = p.sat = 0;
+    p.epi = kEpiPlain;
+    p.sat = 0;
     return p;
 }
 
@@ -1266,9 +1309,13 @@ nb_status wq_dispatch(WqParams &p, nb_dtype x_dt, bool use_lower, int gs, cudaSt
     // the decode kernel (14336 x 4096: 28.4 vs 31.7 us); docs/benchmarks.md.
     // The choice depends on the matrix only, never on n <= 8 rows.
     const bool decode_kernel = !use_lower || n > 8 || (size_t)m * k > ((size_t)16 << 20) || g_gemv_var >= 0;
-    if (p.swiglu && (use_lower || x_dt != NB_DTYPE_F16 || !fast)) return NB_ERR_UNSUPPORTED;
+    if (p.epi != kEpiPlain && (use_lower || x_dt != NB_DTYPE_F16 || !fast)) return NB_ERR_UNSUPPORTED;
     if (fast && n <= 16 && k <= (n <= 8 ? 262144 : 65536) && decode_kernel && sz16 && gemv_on()) {
-        if (p.swiglu) return launch_gemv<__half, false, true>(p, stream) == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+        if (p.epi != kEpiPlain)
+            return (p.epi == kEpiSwiglu ? launch_gemv<__half, false, kEpiSwiglu>(p, stream)
+                                        : launch_gemv<__half, false, kEpiRope>(p, stream)) == cudaSuccess
+                       ? NB_OK
+                       : NB_ERR_BACKEND;
         const cudaError_t e = x_dt == NB_DTYPE_F16
                                   ? (use_lower ? launch_gemv<__half, true>(p, stream)
                                                : launch_gemv<__half, false>(p, stream))
@@ -1288,8 +1335,10 @@ nb_status wq_dispatch(WqParams &p, nb_dtype x_dt, bool use_lower, int gs, cudaSt
         // 32-row tiles compute a row the same way.
         int r = !use_lower && x_dt == NB_DTYPE_F16 && nt == 2 ? 2 : 1;
         if (g_tile_rows) r = g_tile_rows / 16;
-        if (p.swiglu)
-            launch_mma_x<__half, true>(p, false, nt, r, stream);
+        if (p.epi == kEpiSwiglu)
+            launch_mma_x<__half, kEpiSwiglu>(p, false, nt, r, stream);
+        else if (p.epi == kEpiRope)
+            launch_mma_x<__half, kEpiRope>(p, false, nt, r, stream);
         else if (x_dt == NB_DTYPE_F16)
             launch_mma_x<__half>(p, use_lower != 0, nt, r, stream);
         else
@@ -1342,8 +1391,40 @@ extern "C" nb_status nb_cuda_matmul_wq_swiglu(void *out, nb_dtype out_dt, int sa
         (use_lower && !aligned16(w->lower)) || ((uintptr_t)w->sz & 7u) != 0)
         return NB_ERR_UNSUPPORTED;
     WqParams p = wq_params(out, out_dt, x, w, use_lower != 0, nullptr, NB_DTYPE_F32, n, m, k);
-    p.swiglu = 1;
+    p.epi = kEpiSwiglu;
     p.sat = sat != 0;
+    return wq_dispatch(p, x_dt, use_lower != 0, kGroup, stream);
+}
+
+extern "C" int nb_cuda_matmul_wq_rope_supported(int m, int k, int n_heads, int n_kv_heads, int D) {
+    return n_heads > 0 && n_kv_heads > 0 && D > 0 && D % 16 == 0 && m == (n_heads + 2 * n_kv_heads) * D &&
+           nb_wq_group_size(k) == kGroup;
+}
+
+extern "C" nb_status nb_cuda_matmul_wq_rope(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, int use_lower,
+                                            int n, int m, int k, const nb_cuda_wq_rope *r, cudaStream_t stream) {
+    if (n < 0 || m < 0 || !w || !r || nb_wq_group_size(k) == 0) return NB_ERR_INVALID_ARG;
+    if (x_dt != NB_DTYPE_F16 && x_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
+    const nb_kv_layout &L = r->lay;
+    const int D = L.head_dim;
+    if (r->n_heads < 1 || L.n_kv_heads < 1 || D < 2 || m != (r->n_heads + 2 * L.n_kv_heads) * D ||
+        !nb_kv_layout_valid(&L) || r->layer < 0 || r->layer >= L.n_layers)
+        return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!x || !w->upper || !w->sz || (use_lower && !w->lower) || !r->q_out || !r->cs || !r->fp || !r->fpblock ||
+        !r->slot || ((uintptr_t)r->cs & 7u) != 0)
+        return NB_ERR_INVALID_ARG;
+    // NOTE: blocks store while others still read x: q_out must not overlap it.
+    const uintptr_t o0 = (uintptr_t)r->q_out, o1 = o0 + (size_t)n * r->n_heads * D * sizeof(float);
+    const uintptr_t x0 = (uintptr_t)x, x1 = x0 + (size_t)n * k * nb_dtype_size(x_dt);
+    if (o0 < x1 && x0 < o1) return NB_ERR_INVALID_ARG;
+    if (!nb_cuda_matmul_wq_rope_supported(m, k, r->n_heads, L.n_kv_heads, D) || !aligned16(x) ||
+        !aligned16(w->upper) || (use_lower && !aligned16(w->lower)) || ((uintptr_t)w->sz & 7u) != 0)
+        return NB_ERR_UNSUPPORTED;
+    WqRopeParams p;
+    static_cast<WqParams &>(p) = wq_params(r->q_out, NB_DTYPE_F32, x, w, use_lower != 0, nullptr, NB_DTYPE_F32, n, m, k);
+    p.epi = kEpiRope; // wq_dispatch passes p on as the WqRopeParams it is
+    p.rope = *r;
     return wq_dispatch(p, x_dt, use_lower != 0, kGroup, stream);
 }
 

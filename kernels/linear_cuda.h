@@ -31,6 +31,7 @@
 extern "C" {
 #endif
 
+#include "kv_layout.h"
 #include "nb_dtype.h"
 #include "nb_status.h"
 #include "wquant.h"
@@ -141,6 +142,54 @@ nb_status nb_cuda_matmul_wq_swiglu(void *out /*[n][m/2] out_dt*/, nb_dtype out_d
                                    const void *x /*[n][k] x_dt*/, nb_dtype x_dt,
                                    const nb_cuda_wq *w /*[m][k] device, swiglu rows*/, int use_lower, int n,
                                    int m, int k, cudaStream_t stream);
+
+// The stacked q|k|v matrix in the layout that nb_cuda_matmul_wq_rope reads:
+// within each head of D rows (q heads, then k heads, then v heads, as
+// stacked), 16-row tile t holds dims 8t .. 8t + 7, then dims D/2 + 8t ..
+// D/2 + 8t + 7 (the pairs RoPE rotates together). Row of stacked model row
+// r, for D % 16 == 0. Rows are quantized each on its own (as above).
+static inline int nb_cuda_wq_rope_row(int r, int D) {
+    const int d = r % D, h = D / 2;
+    return r - d + ((d % h) >> 3) * 16 + (d >= h ? 8 : 0) + (d & 7);
+}
+
+// What the RoPE epilogue writes, as nb_cuda_rope_write_kv does (ops_cuda.h):
+// for x row i, q heads rotated at row i's position into
+// q_out[i][n_heads][D] (f32), k heads rotated and v heads as they are into
+// the FP cache fp of layout lay at (layer, fpblock[i], kv head, slot[i]) (a
+// row outside the pool or block is skipped). The rotation's (cos, sin) come
+// from cs, nb_cuda_rope_table's table of the rows' positions (the same
+// values nb_cuda_rope_write_kv computes). Device pointers.
+typedef struct nb_cuda_wq_rope {
+    float *q_out;           // [n][n_heads][D] f32
+    const float *cs;        // [n][D/2][2] (cos, sin), nb_cuda_rope_table
+    void *fp;               // FP pool (lay)
+    const int32_t *fpblock; // [n]
+    const int32_t *slot;    // [n]
+    nb_kv_layout lay;       // head_dim D, n_kv_heads, dtype, pool size
+    int layer, n_heads;
+} nb_cuda_wq_rope;
+
+// Whether nb_cuda_matmul_wq_rope takes an [m][k] q|k|v matrix of n_heads q
+// heads and n_kv_heads k and v heads of D (m = (n_heads + 2 n_kv_heads) D,
+// D % 16 == 0, k % 128 == 0).
+int nb_cuda_matmul_wq_rope_supported(int m, int k, int n_heads, int n_kv_heads, int D);
+
+// The q|k|v projection and RoPE + KV write in one pass: for w in the layout
+// above (no bias), the q|k|v rows of nb_cuda_matmul_wq (4-bit view, f16 x,
+// the same kernels and order) go through nb_cuda_rope_write_kv's rotation
+// and stores, so q_out and the FP cache get the bits that
+// nb_cuda_matmul_wq on the unmoved matrix (f32 out) followed by
+// nb_cuda_rope_write_kv would store, without the f32 rows in memory or the
+// RoPE launch. Any n >= 0. q_out must not overlap x. Returns NB_OK;
+// NB_ERR_INVALID_ARG (as nb_cuda_matmul_wq; NULL pointers of r, cs not
+// 8-byte aligned, a layout
+// whose head_dim or n_kv_heads does not match m, layer outside it,
+// q_out overlapping x); NB_ERR_UNSUPPORTED (as nb_cuda_matmul_wq_swiglu);
+// NB_ERR_BACKEND (launch failed).
+nb_status nb_cuda_matmul_wq_rope(const void *x /*[n][k] x_dt*/, nb_dtype x_dt,
+                                 const nb_cuda_wq *w /*[m][k] device, rope rows*/, int use_lower, int n, int m,
+                                 int k, const nb_cuda_wq_rope *r, cudaStream_t stream);
 
 // Tuning hook for benchmarks: force the weight rows per thread block of the
 // tensor-core path (16 or 32); any other value restores the built-in

@@ -6,7 +6,7 @@
 
 #include "dtype_cuda.cuh"
 #include "pdl_cuda.cuh"
-#include "swiglu_cuda.cuh"
+#include "elementwise_cuda.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,11 +28,8 @@ __device__ __forceinline__ float load_f32(const void *p, nb_dtype t, size_t i) {
     return bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
-__device__ __forceinline__ void store_f32(void *p, nb_dtype t, size_t i, float v) {
-    if (t == NB_DTYPE_F32) ((float *)p)[i] = v;
-    else if (t == NB_DTYPE_F16) ((uint16_t *)p)[i] = f32_to_f16(v);
-    else ((uint16_t *)p)[i] = f32_to_bf16(v);
-}
+using nb_ops::store_as;
+__device__ __forceinline__ void store_f32(void *p, nb_dtype t, size_t i, float v) { store_as(p, t, i, v); }
 
 bool dtype_ok(nb_dtype t) {
     return t == NB_DTYPE_F32 || t == NB_DTYPE_F16 || t == NB_DTYPE_BF16;
@@ -288,11 +285,7 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
     // wait for the projection that writes q, k and v (launched with
     // programmatic stream serialization, the block may start under it).
     float c0 = 0.0f, s0 = 0.0f;
-    if ((int)threadIdx.x < h) {
-        const float a = __fmul_rn(p, inv_freq[threadIdx.x]);
-        c0 = __double2float_rn(cos((double)a));
-        s0 = __double2float_rn(sin((double)a));
-    }
+    if ((int)threadIdx.x < h) nb_ops::rope_cs(p, inv_freq[threadIdx.x], c0, s0);
     nb_pdl::wait();
     const float *src;
     size_t ko = 0, vo = 0;
@@ -312,14 +305,9 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
     }
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         float c = c0, sn = s0;
-        if (i != (int)threadIdx.x) {
-            const float a = __fmul_rn(p, inv_freq[i]);
-            c = __double2float_rn(cos((double)a));
-            sn = __double2float_rn(sin((double)a));
-        }
-        const float x0 = src[i], x1 = src[i + h];
-        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-        const float y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
+        if (i != (int)threadIdx.x) nb_ops::rope_cs(p, inv_freq[i], c, sn);
+        float y0, y1;
+        nb_ops::rope_rot(src[i], src[i + h], c, sn, y0, y1);
         if (dst) {
             dst[i] = y0;
             dst[i + h] = y1;
@@ -328,6 +316,21 @@ __global__ void rope_write_kv_kernel(float *q_out, const float *q_in, int q_stri
             store_f32(fp, lay.dtype, ko + i + h, y1);
         }
     }
+}
+
+// RoPE's (cos, sin) table: thread (r, i) of n x D/2. Reads only pos and
+// inv_freq, so it computes before its wait; it waits before it exits, so
+// that a kernel waiting for this grid also waits for the one before it.
+__global__ void rope_table_kernel(float *cs, const int32_t *pos, int h, const float *inv_freq, size_t total) {
+    nb_pdl::trigger();
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = e / (size_t)h;
+        float c, sn;
+        nb_ops::rope_cs((float)pos[r], inv_freq[e - r * (size_t)h], c, sn);
+        cs[2 * e] = c;
+        cs[2 * e + 1] = sn;
+    }
+    nb_pdl::wait();
 }
 
 // SwiGLU of strided gate/up rows into [n][I] (f32 and/or converted).
@@ -423,6 +426,16 @@ extern "C" nb_status nb_cuda_rope_apply(float *x, const int32_t *pos, int n, int
     if (!x || !pos || !inv_freq) return NB_ERR_INVALID_ARG;
     rope_kernel<<<(unsigned)n, kThreads, 0, stream>>>(x, pos, n_heads, D, inv_freq);
     return launch_status();
+}
+
+extern "C" nb_status nb_cuda_rope_table(float *cs, const int32_t *pos, int n, int D, const float *inv_freq,
+                                        cudaStream_t stream) {
+    if (D < 2 || (D & 1) || D > 1024 || n < 0) return NB_ERR_INVALID_ARG;
+    if (n == 0) return NB_OK;
+    if (!cs || !pos || !inv_freq) return NB_ERR_INVALID_ARG;
+    const size_t total = (size_t)n * (D / 2);
+    return launch_ex(rope_table_kernel, dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream, true, cs, pos,
+                     D / 2, inv_freq, total);
 }
 
 extern "C" nb_status nb_cuda_silu_mul(float *out, const float *gate, const float *up, size_t n,

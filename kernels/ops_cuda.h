@@ -52,6 +52,17 @@ nb_status nb_cuda_rmsnorm(float *out /*[n][d] f32*/, const float *x /*[n][d] f32
                           const void *w /*[d] dt*/, nb_dtype dt, int n, int d, float eps,
                           cudaStream_t stream);
 
+// RoPE's (cos, sin) for every row and frequency: cs[r][i] = (cos, sin) of
+// pos[r] * inv_freq[i], i < D/2, computed exactly as nb_cuda_rope_apply and
+// nb_cuda_rope_write_kv compute them (for nb_cuda_matmul_wq_rope, whose
+// epilogue reads them: the engine fills one table per pass and every layer
+// reads it). Returns NB_ERR_INVALID_ARG for D odd, < 2 or > 1024, n < 0 or
+// NULL pointers with n > 0. Launched with programmatic stream
+// serialization (it reads only pos and inv_freq, which no kernel of a pass
+// writes), triggering at entry.
+nb_status nb_cuda_rope_table(float *cs /*[n][D/2][2] f32*/, const int32_t *pos /*[n]*/, int n, int D,
+                             const float *inv_freq /*[D/2]*/, cudaStream_t stream);
+
 // In-place RoPE, twin of nb_ref_rope_apply (HF rotate_half, pairs (i, i+D/2)):
 // a = (float)pos[t] * inv_freq[i], c = cos(a), s = sin(a) (double, rounded to
 // f32: within 1 ulp of glibc's cosf/sinf), x'[i] = x[i]*c - x[i+D/2]*s,

@@ -126,7 +126,9 @@ typedef struct nb_pa_args {
     // enqueued just before it and, when that one was itself launched with
     // programmatic serialization and triggers before its wait, the ones
     // before it (in the engine: RoPE + KV write, the q|k|v projection and
-    // the RMSNorm's tail, which write q, k, v, FP blocks and activations).
+    // the RMSNorm's tail, which write q, k, v, FP blocks and activations;
+    // in draft passes with the RoPE layout, nb_cuda_matmul_wq_rope, which
+    // writes q and FP blocks, and the RMSNorm's tail).
     // The tensor-core decode kernel is then launched with programmatic
     // stream serialization: its CTAs may start early and copy their first
     // quantized tiles before they wait for the kernel before them. Same

@@ -732,6 +732,168 @@ static void run_swiglu(int I, int k, int nmax) {
     free(hb);
 }
 
+// The q|k|v projection with the RoPE + KV-write epilogue
+// (nb_cuda_matmul_wq_rope) on q|k|v quantized in the RoPE row order
+// (nb_cuda_wq_rope_row), with the rows' (cos, sin) from nb_cuda_rope_table,
+// against the unfused chain on the model-order
+// matrix: the 4-bit matmul into f32 [n][W], then nb_cuda_rope_write_kv. q
+// and every byte of the FP pool (poisoned alike, one row's block outside
+// the pool) must match, for the decode kernel (each variant), the tile
+// kernel and several n. (nb_cuda_rope_write_kv itself is held to the C
+// references in test_ops_cuda.)
+static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
+    const int Hq = nh * D, Hkv = nkv * D, m = Hq + 2 * Hkv;
+    const size_t mk = (size_t)m * k, nk = (size_t)nmax * k;
+    size_t pb = 0, ngt = 0;
+    CHECK(nb_wq_sizes(m, k, &pb, &ngt) == NB_OK);
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *wi = (uint16_t *)malloc(mk * 2);
+    for (int j = 0; j < m; j++) {
+        const double amp = 0.02 + 0.2 * urand(), off = 0.05 * (urand() - 0.5);
+        for (int t = 0; t < k; t++)
+            nb_store_f32(w, NB_DTYPE_BF16, (size_t)j * k + t, (float)(off + amp * (2.0 * urand() - 1.0)));
+    }
+    for (int j = 0; j < m; j++) memcpy(wi + (size_t)nb_cuda_wq_rope_row(j, D) * k, w + (size_t)j * k, (size_t)k * 2);
+    const size_t nsz = nb_cuda_wq_sz_elems(m, k), rb = (size_t)k / 2, gpr = ngt / m;
+    uint8_t *up[2];
+    uint16_t *sc[2], *zr[2], *sz[2];
+    nb_cuda_wq dw[2];
+    for (int v = 0; v < 2; v++) {
+        up[v] = (uint8_t *)malloc(pb);
+        sc[v] = (uint16_t *)malloc(ngt * 2);
+        zr[v] = (uint16_t *)malloc(ngt * 2);
+        sz[v] = (uint16_t *)malloc(nsz * 2);
+        CHECK(nb_wq_quantize(v ? wi : w, NB_DTYPE_BF16, m, k, up[v], NULL, sc[v], zr[v]) == NB_OK);
+    }
+    long moved = 0;
+    for (int j = 0; j < m; j++) {
+        const size_t b = (size_t)nb_cuda_wq_rope_row(j, D);
+        moved += memcmp(up[0] + j * rb, up[1] + b * rb, rb) != 0 || memcmp(sc[0] + j * gpr, sc[1] + b * gpr, gpr * 2) != 0 ||
+                 memcmp(zr[0] + j * gpr, zr[1] + b * gpr, gpr * 2) != 0;
+    }
+    CHECKF(moved == 0, "rope D=%d: %ld rows quantized differently once moved", D, moved);
+    for (int v = 0; v < 2; v++) {
+        CHECK(nb_cuda_wq_pack_plane(up[v], pb) == NB_OK);
+        CHECK(nb_cuda_wq_pack_sz(sz[v], sc[v], zr[v], m, k) == NB_OK);
+        dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(up[v], pb), NULL, (const uint16_t *)dev_upload(sz[v], nsz * 2)};
+    }
+    uint16_t *x = (uint16_t *)malloc(nk * 2);
+    for (size_t e = 0; e < nk; e++) nb_store_f32(x, NB_DTYPE_F16, e, (float)(4.0 * urand() - 2.0));
+    // The cache: 2 layers, 16-token blocks, pool of 6 blocks; rows at
+    // distinct random slots, the last row's block outside the pool.
+    const nb_kv_layout lay = {2, nkv, D, 16, cdt, 0, 6};
+    const int layer = 1, slots = lay.n_fpblocks * lay.group_size;
+    CHECK(nmax <= slots);
+    int32_t *perm = (int32_t *)malloc(sizeof(int32_t) * slots), *fb = (int32_t *)malloc(sizeof(int32_t) * nmax),
+            *sl = (int32_t *)malloc(sizeof(int32_t) * nmax), *pos = (int32_t *)malloc(sizeof(int32_t) * nmax);
+    for (int i = 0; i < slots; i++) perm[i] = i;
+    for (int i = slots - 1; i > 0; i--) {
+        const int j = (int)(urand() * (i + 1));
+        const int t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int i = 0; i < nmax; i++) fb[i] = perm[i] / 16, sl[i] = perm[i] % 16, pos[i] = (int32_t)(urand() * 131072);
+    const int32_t out_of_pool = lay.n_fpblocks;
+    float *inv = (float *)malloc(sizeof(float) * D / 2);
+    CHECK(nb_ref_rope_inv_freq(inv, D, 500000.0f, NULL) == NB_OK);
+    const size_t pool_bytes = nb_kv_fp_bytes(&lay), qb = (size_t)nmax * Hq * 4;
+    void *d_x = dev_upload(x, nk * 2), *d_inv = dev_upload(inv, sizeof(float) * D / 2);
+    int32_t *d_fb = (int32_t *)dev_upload(fb, 4 * nmax), *d_sl = (int32_t *)dev_upload(sl, 4 * nmax),
+            *d_pos = (int32_t *)dev_upload(pos, 4 * nmax);
+    void *d_qkv = NULL, *d_qa = NULL, *d_qf = NULL, *d_pa = NULL, *d_pf = NULL, *d_cs = NULL;
+    CUDA_OK(cudaMalloc(&d_cs, sizeof(float) * nmax * D));
+    CHECK(nb_cuda_rope_table((float *)d_cs, d_pos, nmax, D, (const float *)d_inv, 0) == NB_OK);
+    CUDA_OK(cudaMalloc(&d_qkv, (size_t)nmax * m * 4));
+    CUDA_OK(cudaMalloc(&d_qa, qb));
+    CUDA_OK(cudaMalloc(&d_qf, qb));
+    CUDA_OK(cudaMalloc(&d_pa, pool_bytes));
+    CUDA_OK(cudaMalloc(&d_pf, pool_bytes));
+    uint8_t *ha = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb), *hf = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
+    const int ns[] = {1, 3, 4, 8, 9, 12, 16, 17, 33};
+    long checked = 0;
+    for (int kern = 0; kern < 2 + 5 + 4; kern++) {
+        const int gv = kern >= 2 && kern < 7 ? kern - 2 : -1, gv2 = kern >= 7 ? kern - 7 : -1;
+        nb_cuda_matmul_wq_set_decode_kernel(kern == 1 ? 0 : -1);
+        nb_cuda_matmul_wq_set_gemv_variant(gv);
+        nb_cuda_matmul_wq_set_gemv16_variant(gv2);
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const int n = ns[in];
+            if (n > nmax || (gv >= 0 && n != 4) || (gv2 >= 0 && n != 12)) continue;
+            // The last row of a call of several has its block outside the pool.
+            CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
+            if (n > 1) CUDA_OK(cudaMemcpy(d_fb + (n - 1), &out_of_pool, 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(d_qkv, 0xff, (size_t)nmax * m * 4));
+            CUDA_OK(cudaMemset(d_qa, 0xff, qb));
+            CUDA_OK(cudaMemset(d_qf, 0xff, qb));
+            CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
+            CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
+            CHECK(nb_cuda_matmul_wq(d_qkv, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m, k, NULL,
+                                    0, 0) == NB_OK);
+            const float *qkv = (const float *)d_qkv;
+            CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
+                                        (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
+            const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+            CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, n, m, k, &rp, 0) == NB_OK);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(ha, d_qa, qb, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hf, d_qf, qb, cudaMemcpyDeviceToHost));
+            const bool q_same = memcmp(ha, hf, qb) == 0;
+            CUDA_OK(cudaMemcpy(ha, d_pa, pool_bytes, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hf, d_pf, pool_bytes, cudaMemcpyDeviceToHost));
+            long diff = 0, written = 0;
+            for (size_t e = 0; e < pool_bytes; e++) diff += ha[e] != hf[e], written += ha[e] != 0xa5;
+            CHECKF(q_same && diff == 0 && written > 0,
+                   "rope nh=%d nkv=%d D=%d k=%d cache=%s n=%d kernel=%d: fused differs from matmul + RoPE/KV write "
+                   "(q %s, %ld pool bytes differ, %ld written)",
+                   nh, nkv, D, k, nb_dtype_name(cdt), n, kern, q_same ? "same" : "differs", diff, written);
+            checked += (long)n * m;
+        }
+    }
+    nb_cuda_matmul_wq_set_decode_kernel(-1);
+    nb_cuda_matmul_wq_set_gemv_variant(-1);
+    nb_cuda_matmul_wq_set_gemv16_variant(-1);
+    printf("rope nh=%d nkv=%d D=%d k=%d cache=%s: %ld q|k|v outputs' stores bit-exact against matmul + "
+           "RoPE/KV write\n", nh, nkv, D, k, nb_dtype_name(cdt), checked);
+    // Arguments: refused, nothing launched.
+    nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 1, m - D, k, &rp, 0) == NB_ERR_INVALID_ARG);
+    rp.layer = 2;
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, &rp, 0) == NB_ERR_INVALID_ARG);
+    rp.layer = layer;
+    rp.cs = NULL;
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, &rp, 0) == NB_ERR_INVALID_ARG);
+    rp.cs = (const float *)d_cs + 1; // (cos, sin) pairs are read as float2
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, &rp, 0) == NB_ERR_INVALID_ARG);
+    rp.cs = (const float *)d_cs;
+    rp.q_out = (float *)d_x;
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, &rp, 0) == NB_ERR_INVALID_ARG);
+    rp.q_out = (float *)d_qf;
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_BF16, &dw[1], 0, 1, m, k, &rp, 0) == NB_ERR_UNSUPPORTED);
+    CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 0, m, k, &rp, 0) == NB_OK);
+    CHECK(nb_cuda_matmul_wq_rope_supported(m, k, nh, nkv, D) && !nb_cuda_matmul_wq_rope_supported(m, k, nh, nkv + 1, D) &&
+          !nb_cuda_matmul_wq_rope_supported((nh + 2 * nkv) * 8, k, nh, nkv, 8));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int v = 0; v < 2; v++) {
+        CUDA_OK(cudaFree((void *)dw[v].upper));
+        CUDA_OK(cudaFree((void *)dw[v].sz));
+        free(up[v]);
+        free(sc[v]);
+        free(zr[v]);
+        free(sz[v]);
+    }
+    void *dfree[] = {d_x, d_inv, d_fb, d_sl, d_pos, d_qkv, d_qa, d_qf, d_pa, d_pf, d_cs};
+    for (void *d : dfree) CUDA_OK(cudaFree(d));
+    free(w);
+    free(wi);
+    free(x);
+    free(perm);
+    free(fb);
+    free(sl);
+    free(pos);
+    free(inv);
+    free(ha);
+    free(hf);
+}
+
 int main(void) {
     check_pack();
     int ndev = 0;
@@ -782,6 +944,11 @@ int main(void) {
     run_swiglu(256, 512, 33);
     run_swiglu(520, 384, 33);
     run_swiglu(14336, 4096, 17);
+    // q|k|v with the RoPE + KV-write epilogue: small heads, an f32 cache,
+    // and the Llama-3-8B shape with a bf16 cache.
+    run_rope(4, 2, 64, 256, NB_DTYPE_F16, 33);
+    run_rope(2, 1, 128, 384, NB_DTYPE_F32, 33);
+    run_rope(32, 8, 128, 4096, NB_DTYPE_BF16, 17);
 
     // Argument checks.
     nb_cuda_wq none = {NULL, NULL, NULL};
