@@ -163,5 +163,8 @@ nb_status nb_backend_cuda_pools(const nb_backend *be, nb_kv_pools *pools);
 // backend_cuda.c's swiglu_stage), for tests and benchmarks; -1 for a
 // backend that is not the cuda one.
 int nb_backend_cuda_swiglu_layers(const nb_backend *be);
+// The same for the q|k|v copy in the RoPE layout (q|k|v projection, RoPE
+// and KV write in one launch per draft layer; backend_cuda.c's rope_stage).
+int nb_backend_cuda_rope_layers(const nb_backend *be);
 
 #endif // NB_BACKEND_H

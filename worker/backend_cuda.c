@@ -66,9 +66,11 @@ typedef struct dlin {
     nb_cuda_wq q;     // device planes and sz; q.upper NULL when there is no quantized copy
     const void *bias; // device [m] bias_dt, or NULL
     nb_dtype bias_dt;
-    // gate|up only: q holds the rows in nb_cuda_wq_swiglu_row order (a
-    // draft-only copy), for nb_cuda_matmul_wq_swiglu; w keeps model order.
-    bool swiglu;
+    // A draft-only quantized copy whose rows are moved for a fused epilogue
+    // (w keeps model order): gate|up in nb_cuda_wq_swiglu_row order for
+    // nb_cuda_matmul_wq_swiglu, q|k|v in nb_cuda_wq_rope_row order for
+    // nb_cuda_matmul_wq_rope.
+    bool swiglu, rope;
 } dlin;
 
 typedef struct dlayer {
@@ -166,6 +168,8 @@ typedef struct cuda_backend {
     const void *embd, *out_norm;
     nb_dtype embd_dt, out_norm_dt;
     float *inv_freq; // device [D/2]
+    float *rope_cs;  // device [Rp][D/2][2]: a pass's RoPE (cos, sin) (nb_cuda_rope_table), when some
+                     // layer's q|k|v is in the RoPE layout; else NULL
     nb_kv_layout lay;
     nb_kv_pools pools; // device
     // every device allocation, freed at destroy; counting only (dry run) when plan_only
@@ -409,7 +413,7 @@ static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_v
     if (L->bias && (st = h2d_as(be, (uint8_t *)L->bias + (size_t)r0 * nb_dtype_size(L->bias_dt), b, (size_t)m,
                                 L->bias_dt, err, err_len)) != NB_OK)
         return st;
-    if (!L->q.upper || L->swiglu) return NB_OK; // swiglu: lin_put_q_swiglu uploads q
+    if (!L->q.upper || L->swiglu || L->rope) return NB_OK; // moved rows: lin_put_q_moved uploads q
     const bool int8 = L->q.lower != NULL;
     size_t plane = 0, total_plane = 0;
     nb_wq_sizes(m, k, &plane, NULL);
@@ -433,35 +437,38 @@ static bool env_off(const char *name) {
     return e && e[0] == '0';
 }
 
-// The draft's gate|up copy in the SwiGLU layout (nb_cuda_wq_swiglu_row):
-// each part quantized by the reference function (as wq_host does), its rows
-// moved into that order, the whole packed and uploaded as one matrix.
-static nb_status lin_put_q_swiglu(cuda_backend *be, const dlin *L, const nb_tensor_view *gw,
-                                  const nb_tensor_view *uw, char *err, size_t err_len) {
-    const int I = (int)gw->shape[0], k = L->k, m = L->m;
-    size_t pplane = 0, png = 0, plane = 0, ng = 0;
-    nb_status st = nb_wq_sizes(I, k, &pplane, &png);
-    if (st == NB_OK) st = nb_wq_sizes(m, k, &plane, &ng);
+// A draft-only quantized copy with its rows moved (dlin.swiglu, dlin.rope):
+// each part quantized by the reference function (as wq_host does), its
+// rows moved (gate|up: nb_cuda_wq_swiglu_row; q|k|v: nb_cuda_wq_rope_row
+// of head_dim D), the whole packed and uploaded as one matrix.
+static nb_status lin_put_q_moved(cuda_backend *be, const dlin *L, const nb_tensor_view *const *w, int np, int D,
+                                 char *err, size_t err_len) {
+    const int k = L->k, m = L->m;
+    size_t plane = 0, ng = 0, pmax = 0;
+    nb_status st = nb_wq_sizes(m, k, &plane, &ng);
     if (st != NB_OK) return st;
-    const size_t rowb = (size_t)k / 2, gpr = png / (size_t)I, szn = nb_cuda_wq_sz_elems(m, k);
-    uint8_t *tmp = malloc(pplane + 2 * png * sizeof(uint16_t));
+    for (int i = 0; i < np; i++)
+        if ((size_t)w[i]->shape[0] > pmax) pmax = (size_t)w[i]->shape[0];
+    const size_t rowb = (size_t)k / 2, gpr = ng / (size_t)m, szn = nb_cuda_wq_sz_elems(m, k);
+    uint8_t *tmp = malloc(pmax * rowb + 2 * pmax * gpr * sizeof(uint16_t));
     uint8_t *h = malloc(plane + szn * sizeof(uint16_t) + 2 * ng * sizeof(uint16_t));
     if (!tmp || !h) {
         free(tmp);
         free(h);
-        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", gw->name);
+        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w[0]->name);
         return NB_ERR_OUT_OF_MEMORY;
     }
-    uint16_t *ts = (uint16_t *)(tmp + pplane), *hs = (uint16_t *)(h + plane + szn * sizeof(uint16_t));
-    const nb_tensor_view *parts[2] = {gw, uw};
-    for (int pi = 0; pi < 2 && st == NB_OK; pi++) {
-        st = nb_wq_quantize(parts[pi]->data, parts[pi]->dtype, I, k, tmp, NULL, ts, ts + png);
+    uint16_t *ts = (uint16_t *)(tmp + pmax * rowb), *hs = (uint16_t *)(h + plane + szn * sizeof(uint16_t));
+    for (int pi = 0, r0 = 0; pi < np && st == NB_OK; r0 += (int)w[pi]->shape[0], pi++) {
+        const int mp = (int)w[pi]->shape[0];
+        const size_t png = (size_t)mp * gpr;
+        st = nb_wq_quantize(w[pi]->data, w[pi]->dtype, mp, k, tmp, NULL, ts, ts + png);
         if (st != NB_OK) {
-            nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", parts[pi]->name, nb_status_str(st));
+            nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w[pi]->name, nb_status_str(st));
             break;
         }
-        for (int j = 0; j < I; j++) {
-            const size_t r = (size_t)nb_cuda_wq_swiglu_row(j, pi);
+        for (int j = 0; j < mp; j++) {
+            const size_t r = (size_t)(L->swiglu ? nb_cuda_wq_swiglu_row(j, pi) : nb_cuda_wq_rope_row(r0 + j, D));
             memcpy(h + r * rowb, tmp + (size_t)j * rowb, rowb);
             memcpy(hs + r * gpr, ts + (size_t)j * gpr, gpr * sizeof(uint16_t));
             memcpy(hs + ng + r * gpr, ts + png + (size_t)j * gpr, gpr * sizeof(uint16_t));
@@ -470,7 +477,7 @@ static nb_status lin_put_q_swiglu(cuda_backend *be, const dlin *L, const nb_tens
     if (st == NB_OK) {
         st = nb_cuda_wq_pack_plane(h, plane);
         if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + plane), hs, hs + ng, m, k);
-        if (st != NB_OK) nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", gw->name, nb_status_str(st));
+        if (st != NB_OK) nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w[0]->name, nb_status_str(st));
     }
     if (st == NB_OK) st = h2d(be, (uint8_t *)L->q.upper, h, plane, err, err_len);
     if (st == NB_OK) st = h2d(be, (uint16_t *)L->q.sz, h + plane, szn * sizeof(uint16_t), err, err_len);
@@ -481,8 +488,11 @@ static nb_status lin_put_q_swiglu(cuda_backend *be, const dlin *L, const nb_tens
 
 // One linear layer made of np parts stacked by rows (q|k|v, gate|up): one
 // matmul instead of np launches. The caller checked lin_fusable().
+// swiglu_ok: gate|up whose down projection has a draft copy; rope_D > 0:
+// q|k|v of heads of rope_D (n_heads, n_kv_heads) whose cache the RoPE
+// epilogue can write.
 static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *const *w,
-                              const nb_tensor_view *const *b, int np, bool swiglu_ok, char *err,
+                              const nb_tensor_view *const *b, int np, bool swiglu_ok, int rope_D, char *err,
                               size_t err_len) {
     memset(L, 0, sizeof(*L));
     for (int i = 0; i < np; i++) L->m += (int)w[i]->shape[0];
@@ -496,9 +506,16 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
     // alone (the target reads the dense copy): one launch for gate|up and
     // SwiGLU in every draft pass. NB_WQ_SWIGLU=0 in the environment keeps
     // the model's row order (benchmarks compare; the same bits either way).
-    L->swiglu = swiglu_ok && np == 2 && want_q && !int8 && c->draft_w4 && !(b[0] && b[0]->data) &&
-                w[0]->shape[0] == w[1]->shape[0] && w[0]->shape[0] % 8 == 0 &&
-                nb_cuda_matmul_wq_swiglu_supported(L->m, L->k) && !env_off("NB_WQ_SWIGLU");
+    const bool draft_only = want_q && !int8 && c->draft_w4 && !(b[0] && b[0]->data);
+    L->swiglu = swiglu_ok && draft_only && np == 2 && w[0]->shape[0] == w[1]->shape[0] &&
+                w[0]->shape[0] % 8 == 0 && nb_cuda_matmul_wq_swiglu_supported(L->m, L->k) &&
+                !env_off("NB_WQ_SWIGLU");
+    // The same for q|k|v and RoPE + KV write (NB_WQ_ROPE=0: model order).
+    L->rope = rope_D > 0 && draft_only && np == 3 &&
+              nb_cuda_matmul_wq_rope_supported(L->m, L->k, (int)w[0]->shape[0] / rope_D,
+                                               (int)w[1]->shape[0] / rope_D, rope_D) &&
+              w[1]->shape[0] == w[2]->shape[0] && w[0]->shape[0] % rope_D == 0 && w[1]->shape[0] % rope_D == 0 &&
+              !env_off("NB_WQ_ROPE");
     nb_status st;
     void *dev = NULL;
     if (!(int8 && quantizable)) {
@@ -532,7 +549,7 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
     }
     for (int i = 0, r0 = 0; i < np; r0 += (int)w[i]->shape[0], i++)
         if ((st = lin_put_part(be, L, w[i], b[i], r0, err, err_len)) != NB_OK) return st;
-    return L->swiglu ? lin_put_q_swiglu(be, L, w[0], w[1], err, err_len) : NB_OK;
+    return L->swiglu || L->rope ? lin_put_q_moved(be, L, w, np, rope_D, err, err_len) : NB_OK;
 }
 
 // Can parts w[0..np) (biases b) be one stacked matrix? Same k and dtype,
@@ -817,6 +834,30 @@ static nb_status lin_run(cuda_backend *be, float *out, const void *xd, const voi
     return NB_OK;
 }
 
+// The draft's q|k|v projection, RoPE and KV write as one matmul (q|k|v in
+// the RoPE layout, dlin.rope): q into be->q, k and v into the FP blocks,
+// as lin_run + nb_cuda_rope_write_kv would store them
+// (nb_cuda_matmul_wq_rope), with the pass's (cos, sin) table be->rope_cs
+// (filled by run_pass before the first layer). Step mode takes
+// STEP_SLICE-row slices.
+static nb_status rope_stage(cuda_backend *be, const void *x, int n, const dlin *L, int layer,
+                            const int32_t *fpblock, const int32_t *slot, bool step) {
+    const nb_model_config *mc = be->mc;
+    const int D = mc->head_dim, Hq = mc->n_heads * D;
+    const nb_dtype dt = qx_of(be, LIN_Q4);
+    const size_t xrow = (size_t)L->k * nb_dtype_size(dt);
+    const int slice = step ? STEP_SLICE : (n > 0 ? n : 1);
+    for (int r = 0; r < n; r += slice) {
+        const int rows = n - r < slice ? n - r : slice;
+        const nb_cuda_wq_rope rp = {be->q + (size_t)r * Hq, be->rope_cs + (size_t)r * D, be->pools.fp, fpblock + r,
+                                    slot + r,                be->lay,                      layer,        mc->n_heads};
+        nb_status st = nb_cuda_matmul_wq_rope((const uint8_t *)x + (size_t)r * xrow, dt, &L->q, 0, rows, L->m, L->k,
+                                              &rp, be->stream);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
 // The draft's gate|up projection and SwiGLU as one matmul (gate|up in the
 // SwiGLU layout, dlin.swiglu), writing the down projection's quantized input
 // as silu_stage would convert it (f16, saturating: stage_plan's copy for
@@ -870,6 +911,10 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
     nb_pa_args pa = ps->pa;
     cudaStream_t S = be->stream;
     CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
+    // The rows' RoPE (cos, sin), once for every layer whose q|k|v takes the
+    // RoPE epilogue in this pass.
+    if (be->fqkv && be->rope_cs && be->layers[0].qkv.rope && path_of(be, &be->layers[0].qkv, mode) == LIN_Q4)
+        CK(nb_cuda_rope_table(be->rope_cs, d_pos, R, D, be->inv_freq, S), "rope table");
     const int Hkv = mc->n_kv_heads * D, W = Hq + 2 * Hkv;
     for (int l = 0; l < mc->n_layers; l++) {
         const dlayer *L = &be->layers[l];
@@ -880,7 +925,9 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         CK(norm_stage(be, l > 0 ? be->tmp : NULL, L->attn_norm, L->attn_norm_dt, R, path_of(be, l0, mode),
                       path_of(be, l1, mode), &xd, &xq),
            "rmsnorm");
-        if (be->fqkv) {
+        if (be->fqkv && L->qkv.rope && path_of(be, &L->qkv, mode) == LIN_Q4) {
+            CK(rope_stage(be, xq, R, &L->qkv, l, d_kvb, d_kvs, step), "qkv projection + rope + kv write");
+        } else if (be->fqkv) {
             CK(lin_run(be, be->qkv, xd, xq, R, &L->qkv, mode, step), "qkv projection");
             CK(nb_cuda_rope_write_kv(be->q, be->qkv, W, be->qkv + Hq, be->qkv + Hq + Hkv, W, d_pos, R,
                                      mc->n_heads, be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
@@ -1383,8 +1430,11 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         }
         // The SwiGLU layout needs the down projection's draft copy too: the
         // fused pass writes its quantized input.
-        if ((be->fqkv && (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, false, err, err_len)) != NB_OK) ||
-            (be->fgu && (st = lin_init_cat(be, &dl->gu, gw, gb, 2, dl->down.q.upper != NULL, err, err_len)) != NB_OK))
+        // The RoPE layout: the cache layout's heads are the model's.
+        const int rope_D = be->lay.head_dim == mc->head_dim && be->lay.n_kv_heads == mc->n_kv_heads ? mc->head_dim : 0;
+        if ((be->fqkv && (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, false, rope_D, err, err_len)) != NB_OK) ||
+            (be->fgu &&
+             (st = lin_init_cat(be, &dl->gu, gw, gb, 2, dl->down.q.upper != NULL, 0, err, err_len)) != NB_OK))
             return st;
         dl->attn_norm_dt = lw->attn_norm.dtype;
         dl->ffn_norm_dt = lw->ffn_norm.dtype;
@@ -1439,7 +1489,8 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
                 {&be->up, Rp * I},                       // fused: SwiGLU's f32 rows, when wanted
                 {&be->tmp, Rp * H},
                 {&be->xl, LRp * H},
-                {&be->logits, LRp * V}};
+                {&be->logits, LRp * V},
+                {&be->rope_cs, be->fqkv && be->layers[0].qkv.rope ? Rp * D : 0}};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i].n && (st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len)))
             return st;
@@ -1596,6 +1647,7 @@ nb_status nb_backend_cuda_plan(const nb_backend_config *cfg, size_t *static_byte
     be.cfg = *cfg;
     be.mc = nb_model_get_config(cfg->model);
     be.mw = nb_model_get_weights(cfg->model);
+    be.lay = cfg->layout; // its heads decide the q|k|v layout (and with it a buffer); pool sizes unused
     be.plan_only = true;
     st = build_static(&be, err, err_len);
     free(be.layers);
@@ -1666,5 +1718,13 @@ int nb_backend_cuda_swiglu_layers(const nb_backend *base) {
     const cuda_backend *be = (const cuda_backend *)base;
     int n = 0;
     for (int l = 0; l < be->mc->n_layers; l++) n += be->fgu && be->layers[l].gu.swiglu;
+    return n;
+}
+
+int nb_backend_cuda_rope_layers(const nb_backend *base) {
+    if (!base || base->ops != &cuda_ops) return -1;
+    const cuda_backend *be = (const cuda_backend *)base;
+    int n = 0;
+    for (int l = 0; l < be->mc->n_layers; l++) n += be->fqkv && be->layers[l].qkv.rope;
     return n;
 }

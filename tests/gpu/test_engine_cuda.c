@@ -185,27 +185,34 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
             free(lgp);
         }
     // The draft's gate|up in the SwiGLU layout (one launch for gate|up and
-    // SwiGLU) against the model's row order (NB_WQ_SWIGLU=0, read when the
-    // backend uploads): the same draft logits, bit for bit, one row at a
-    // time (the decode kernel) and in 128-row chunks (the tile kernel).
+    // SwiGLU) and q|k|v in the RoPE layout (one launch for q|k|v, RoPE and
+    // the KV write) against the model's row order (NB_WQ_SWIGLU=0,
+    // NB_WQ_ROPE=0, read when the backend uploads): the same draft logits,
+    // bit for bit, one row at a time (the decode kernel) and in 128-row
+    // chunks (the tile kernel).
     const int n_layers = nb_model_get_config(m)->n_layers;
-    CHECKF(nb_backend_cuda_swiglu_layers(nb_engine_backend(eg)) == n_layers,
-           "the draft's gate|up is in the SwiGLU layout in %d of %d layers",
-           nb_backend_cuda_swiglu_layers(nb_engine_backend(eg)), n_layers);
+    const nb_backend *bg = nb_engine_backend(eg);
+    CHECKF(nb_backend_cuda_swiglu_layers(bg) == n_layers && nb_backend_cuda_rope_layers(bg) == n_layers,
+           "the draft's gate|up / q|k|v in the moved layouts in %d / %d of %d layers",
+           nb_backend_cuda_swiglu_layers(bg), nb_backend_cuda_rope_layers(bg), n_layers);
     setenv("NB_WQ_SWIGLU", "0", 1);
+    setenv("NB_WQ_ROPE", "0", 1);
     nb_engine *eu = make_engine(m, "cuda", true, 128, -1, NB_TARGET_WEIGHTS_MODEL, err);
     unsetenv("NB_WQ_SWIGLU");
+    unsetenv("NB_WQ_ROPE");
     CHECKF(eu, "%s", err);
-    CHECK(nb_backend_cuda_swiglu_layers(nb_engine_backend(eu)) == 0);
+    CHECK(nb_backend_cuda_swiglu_layers(nb_engine_backend(eu)) == 0 &&
+          nb_backend_cuda_rope_layers(nb_engine_backend(eu)) == 0);
     for (int ch = 0; ch < 2; ch++) {
         const int chunk = ch ? 128 : 1, nn = ch ? n : 96;
         double n1, n2;
         float *la = score_logits(eg, tok, nn, chunk, NB_FWD_DRAFT, &n1);
         float *lb = score_logits(eu, tok, nn, chunk, NB_FWD_DRAFT, &n2);
         CHECKF(memcmp(la, lb, (size_t)nn * V * sizeof(float)) == 0,
-               "draft logits, chunk %d: the SwiGLU layout differs from the model's row order", chunk);
-        printf("proxy draft, chunk %3d: gate|up in the SwiGLU layout (%d layers) == model row order, %d rows of "
-               "logits bit for bit\n", chunk, n_layers, nn);
+               "draft logits, chunk %d: the moved layouts differ from the model's row order", chunk);
+        printf("proxy draft, chunk %3d: gate|up and q|k|v in the SwiGLU and RoPE layouts (%d layers) == model row "
+               "order, %d rows of logits bit for bit\n",
+               chunk, n_layers, nn);
         free(la);
         free(lb);
     }
