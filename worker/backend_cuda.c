@@ -169,7 +169,8 @@ typedef struct cuda_backend {
     nb_dtype embd_dt, out_norm_dt;
     float *inv_freq; // device [D/2]
     float *rope_cs;  // device [Rp][D/2][2]: a pass's RoPE (cos, sin) (nb_cuda_rope_table), when some
-                     // layer's q|k|v is in the RoPE layout; else NULL
+                     // layer's q|k|v is in the RoPE layout (the first: rope_layer); else NULL
+    int rope_layer;  // the first layer whose q|k|v is in the RoPE layout, or -1
     nb_kv_layout lay;
     nb_kv_pools pools; // device
     // every device allocation, freed at destroy; counting only (dry run) when plan_only
@@ -913,7 +914,7 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
     CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
     // The rows' RoPE (cos, sin), once for every layer whose q|k|v takes the
     // RoPE epilogue in this pass.
-    if (be->fqkv && be->rope_cs && be->layers[0].qkv.rope && path_of(be, &be->layers[0].qkv, mode) == LIN_Q4)
+    if (be->rope_cs && path_of(be, &be->layers[be->rope_layer].qkv, mode) == LIN_Q4)
         CK(nb_cuda_rope_table(be->rope_cs, d_pos, R, D, be->inv_freq, S), "rope table");
     const int Hkv = mc->n_kv_heads * D, W = Hq + 2 * Hkv;
     for (int l = 0; l < mc->n_layers; l++) {
@@ -1395,6 +1396,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     be->adt = wdt == NB_DTYPE_F16 ? NB_DTYPE_F16 : wdt == NB_DTYPE_BF16 ? NB_DTYPE_BF16 : NB_DTYPE_F32;
     be->qxdt = be->adt == NB_DTYPE_F16 ? NB_DTYPE_F16 : NB_DTYPE_BF16;
 
+    be->rope_layer = -1;
     be->layers = calloc((size_t)mc->n_layers, sizeof(dlayer));
     if (!be->layers) {
         nb_set_err(err, err_len, "cuda backend: out of host memory");
@@ -1436,6 +1438,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
             (be->fgu &&
              (st = lin_init_cat(be, &dl->gu, gw, gb, 2, dl->down.q.upper != NULL, 0, err, err_len)) != NB_OK))
             return st;
+        if (be->rope_layer < 0 && be->fqkv && dl->qkv.rope) be->rope_layer = l;
         dl->attn_norm_dt = lw->attn_norm.dtype;
         dl->ffn_norm_dt = lw->ffn_norm.dtype;
         if ((st = upload_tensor(be, &lw->attn_norm, lw->attn_norm.dtype, &dl->attn_norm, err, err_len)) ||
@@ -1490,7 +1493,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
                 {&be->tmp, Rp * H},
                 {&be->xl, LRp * H},
                 {&be->logits, LRp * V},
-                {&be->rope_cs, be->fqkv && be->layers[0].qkv.rope ? Rp * D : 0}};
+                {&be->rope_cs, be->rope_layer >= 0 ? Rp * D : 0}};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i].n && (st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len)))
             return st;

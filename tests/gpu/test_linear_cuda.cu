@@ -802,6 +802,26 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     void *d_qkv = NULL, *d_qa = NULL, *d_qf = NULL, *d_pa = NULL, *d_pf = NULL, *d_cs = NULL;
     CUDA_OK(cudaMalloc(&d_cs, sizeof(float) * nmax * D));
     CHECK(nb_cuda_rope_table((float *)d_cs, d_pos, nmax, D, (const float *)d_inv, 0) == NB_OK);
+    {
+        // The table against the C reference's cosf / sinf of the same f32
+        // angle (nb_ref_rope_apply's): the kernel rounds a double cos/sin
+        // once, so within 2^-22 (values in [-1, 1]); the bits it shares
+        // with nb_cuda_rope_write_kv are checked by the comparisons below.
+        float *hcs = (float *)malloc(sizeof(float) * nmax * D);
+        CUDA_OK(cudaMemcpy(hcs, d_cs, sizeof(float) * nmax * D, cudaMemcpyDeviceToHost));
+        long off = 0;
+        for (int r = 0; r < nmax; r++)
+            for (int i = 0; i < D / 2; i++) {
+                const float a = (float)pos[r] * inv[i];
+                const float *g = hcs + ((size_t)r * (D / 2) + i) * 2;
+                off += !(fabsf(g[0] - cosf(a)) <= 0x1p-22f) || !(fabsf(g[1] - sinf(a)) <= 0x1p-22f);
+            }
+        CHECKF(off == 0, "rope table D=%d: %ld (cos, sin) pairs beyond 2^-22 of cosf/sinf", D, off);
+        free(hcs);
+        CHECK(nb_cuda_rope_table((float *)d_cs, d_pos, 1, D + 1, (const float *)d_inv, 0) == NB_ERR_INVALID_ARG);
+        CHECK(nb_cuda_rope_table(NULL, d_pos, 1, D, (const float *)d_inv, 0) == NB_ERR_INVALID_ARG);
+        CHECK(nb_cuda_rope_table(NULL, NULL, 0, D, NULL, 0) == NB_OK);
+    }
     CUDA_OK(cudaMalloc(&d_qkv, (size_t)nmax * m * 4));
     CUDA_OK(cudaMalloc(&d_qa, qb));
     CUDA_OK(cudaMalloc(&d_qf, qb));
