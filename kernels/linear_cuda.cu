@@ -331,6 +331,24 @@ __device__ __forceinline__ void store_rope(const WqRopeParams &p, int i, int row
     nb_ops::store_as(r.fp, r.lay.dtype, o + d + h, y1);
 }
 
+// The paired epilogues' final loop, shared by the tile and decode kernels:
+// for each x row and each 16-row tile of the block's RR, weight rows rl and
+// rl + 8 (rl < 8), each summed over the warps in the plain epilogue's order
+// (rb[w][x row][row in block]), then stored as the epilogue stores a pair.
+template <int EPI, int RR, typename Red>
+__device__ __forceinline__ void epi_pairs(const WqP<EPI> &p, Red rb, int xrows, int row0, int xr0) {
+    for (int idx = threadIdx.x; idx < xrows * RR * 8; idx += kThreads) {
+        const int xc = idx / (RR * 8), q = idx % (RR * 8), rl = (q >> 3) * 16 + (q & 7);
+        const int row = row0 + rl, xrow = xr0 + xc;
+        if (row >= p.m || xrow >= p.n) continue;
+        float va = rb[0][xc][rl], vb = rb[0][xc][rl + 8];
+#pragma unroll
+        for (int w = 1; w < kWarps; w++) va += rb[w][xc][rl], vb += rb[w][xc][rl + 8];
+        if constexpr (EPI == kEpiSwiglu) store_swiglu(p, xrow, (row >> 4) * 8 + (q & 7), va, vb);
+        else store_rope(p, xrow, row, va, vb);
+    }
+}
+
 template <typename XT> __device__ __forceinline__ float x_to_f32(XT v);
 template <> __device__ __forceinline__ float x_to_f32<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float x_to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
@@ -511,16 +529,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
                     tile_out<XT, LOWER>(tot[r][nt][i]);
     __syncthreads();
     if constexpr (EPI != kEpiPlain) { // each output of the other branch, rows rl and rl + 8 paired (m % 16 == 0)
-        for (int idx = threadIdx.x; idx < NT * 8 * R * 8; idx += kThreads) {
-            const int xc = idx / (R * 8), q = idx % (R * 8), rl = (q >> 3) * 16 + (q & 7);
-            const int row = row0 + rl, xrow = xr0 + xc;
-            if (row >= p.m || xrow >= p.n) continue;
-            float va = red[0][xc][rl], vb = red[0][xc][rl + 8];
-#pragma unroll
-            for (int w = 1; w < kWarps; w++) va += red[w][xc][rl], vb += red[w][xc][rl + 8];
-            if constexpr (EPI == kEpiSwiglu) store_swiglu(p, xrow, (row >> 4) * 8 + (q & 7), va, vb);
-            else store_rope(p, xrow, row, va, vb);
-        }
+        epi_pairs<EPI, R>(p, red, NT * 8, row0, xr0);
     } else {
         for (int idx = threadIdx.x; idx < NT * 8 * R * 16; idx += kThreads) {
             const int xc = idx / (R * 16), rl = idx % (R * 16);
@@ -825,17 +834,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         // passed the barrier in between.
         __syncthreads();
         if constexpr (EPI != kEpiPlain) { // as the tile kernel's
-            for (int idx = threadIdx.x; idx < NX * 8 * R * 8; idx += kThreads) {
-                const int xc = idx / (R * 8), q = idx % (R * 8), rl = (q >> 3) * 16 + (q & 7);
-                const int row = rt * R * 16 + rl;
-                if (row < p.m && xc < p.n) {
-                    float va = rb[0][xc][rl], vb = rb[0][xc][rl + 8];
-#pragma unroll
-                    for (int w = 1; w < kWarps; w++) va += rb[w][xc][rl], vb += rb[w][xc][rl + 8];
-                    if constexpr (EPI == kEpiSwiglu) store_swiglu(p, xc, (row >> 4) * 8 + (q & 7), va, vb);
-                    else store_rope(p, xc, row, va, vb);
-                }
-            }
+            epi_pairs<EPI, R>(p, rb, NX * 8, rt * R * 16, 0);
         } else {
             for (int idx = threadIdx.x; idx < NX * 8 * R * 16; idx += kThreads) {
                 const int xc = idx / (R * 16), rl = idx % (R * 16);

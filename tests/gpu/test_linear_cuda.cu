@@ -549,6 +549,86 @@ static void check_pack(void) {
     CHECK(nb_cuda_wq_pack_sz(NULL, sc, zr, M, K) == NB_ERR_INVALID_ARG);
 }
 
+// The kernels the epilogue tests go through: choice 0 the built-in one, 1
+// the tile kernel (decode kernel off), 2-6 the decode kernel's variants
+// forced (n <= 8), 7-10 its two-x-tile variants forced (9-16 rows). Sets
+// choice kern and returns whether it takes n rows (choice 0 restores the built-in).
+static const int kKernChoices = 2 + 5 + 4;
+static bool kernel_choice(int kern, int n) {
+    const int gv = kern >= 2 && kern < 7 ? kern - 2 : -1, gv2 = kern >= 7 ? kern - 7 : -1;
+    nb_cuda_matmul_wq_set_decode_kernel(kern == 1 ? 0 : -1);
+    nb_cuda_matmul_wq_set_gemv_variant(gv);
+    nb_cuda_matmul_wq_set_gemv16_variant(gv2);
+    return !(gv >= 0 && n > 8) && !(gv2 >= 0 && (n <= 8 || n > 16));
+}
+
+// A weight matrix for the moved-row epilogues: random bf16 rows (per-row
+// scale and offset) in model order, quantized as they are and with model
+// row j moved to row_of[j], both uploaded in the CUDA layout (dw[0] model
+// order, dw[1] moved); the model order's unpacked codes, scales and zeros
+// are kept for the C references. Rows are quantized each on its own, so
+// each moved row must hold the codes of its model row: checked.
+struct moved_wq {
+    uint8_t *up;       // [m][k/2] model order, wquant.h layout
+    uint16_t *sc, *zr; // [m][k/g]
+    nb_cuda_wq dw[2];
+};
+static moved_wq make_moved_wq(int m, int k, const int *row_of, const char *what) {
+    const size_t mk = (size_t)m * k;
+    size_t pb = 0, ngt = 0;
+    CHECK(nb_wq_sizes(m, k, &pb, &ngt) == NB_OK);
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *wi = (uint16_t *)malloc(mk * 2);
+    for (int j = 0; j < m; j++) {
+        const double amp = 0.02 + 0.2 * urand(), off = 0.05 * (urand() - 0.5);
+        for (int t = 0; t < k; t++)
+            nb_store_f32(w, NB_DTYPE_BF16, (size_t)j * k + t, (float)(off + amp * (2.0 * urand() - 1.0)));
+    }
+    for (int j = 0; j < m; j++) memcpy(wi + (size_t)row_of[j] * k, w + (size_t)j * k, (size_t)k * 2);
+    const size_t nsz = nb_cuda_wq_sz_elems(m, k), rb = (size_t)k / 2, gpr = ngt / m;
+    uint8_t *up[2];
+    uint16_t *sc[2], *zr[2];
+    for (int v = 0; v < 2; v++) {
+        up[v] = (uint8_t *)malloc(pb);
+        sc[v] = (uint16_t *)malloc(ngt * 2);
+        zr[v] = (uint16_t *)malloc(ngt * 2);
+        CHECK(nb_wq_quantize(v ? wi : w, NB_DTYPE_BF16, m, k, up[v], NULL, sc[v], zr[v]) == NB_OK);
+    }
+    long moved = 0;
+    for (int j = 0; j < m; j++) {
+        const size_t b = (size_t)row_of[j];
+        moved += memcmp(up[0] + j * rb, up[1] + b * rb, rb) != 0 || memcmp(sc[0] + j * gpr, sc[1] + b * gpr, gpr * 2) != 0 ||
+                 memcmp(zr[0] + j * gpr, zr[1] + b * gpr, gpr * 2) != 0;
+    }
+    CHECKF(moved == 0, "%s: %ld rows quantized differently once moved", what, moved);
+    moved_wq q;
+    q.up = (uint8_t *)malloc(pb);
+    memcpy(q.up, up[0], pb);
+    q.sc = sc[0];
+    q.zr = zr[0];
+    uint16_t *sz = (uint16_t *)malloc(nsz * 2);
+    for (int v = 0; v < 2; v++) {
+        CHECK(nb_cuda_wq_pack_plane(up[v], pb) == NB_OK);
+        CHECK(nb_cuda_wq_pack_sz(sz, sc[v], zr[v], m, k) == NB_OK);
+        q.dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(up[v], pb), NULL, (const uint16_t *)dev_upload(sz, nsz * 2)};
+        free(up[v]);
+    }
+    free(sc[1]);
+    free(zr[1]);
+    free(sz);
+    free(w);
+    free(wi);
+    return q;
+}
+static void free_moved_wq(moved_wq *q) {
+    for (int v = 0; v < 2; v++) {
+        CUDA_OK(cudaFree((void *)q->dw[v].upper));
+        CUDA_OK(cudaFree((void *)q->dw[v].sz));
+    }
+    free(q->up);
+    free(q->sc);
+    free(q->zr);
+}
+
 // The gate|up projection with the SwiGLU epilogue (nb_cuda_matmul_wq_swiglu)
 // on gate|up quantized in the SwiGLU row order (nb_cuda_wq_swiglu_row),
 // against the unfused chain on the same rows in model order: the 4-bit
@@ -561,41 +641,18 @@ static void check_pack(void) {
 // within [-0.1, 1.1]; the last term covers silu's own roundings).
 static void run_swiglu(int I, int k, int nmax) {
     const int m = 2 * I;
-    const size_t mk = (size_t)m * k, nk = (size_t)nmax * k;
+    const size_t nk = (size_t)nmax * k;
     size_t pb = 0, ngt = 0;
     CHECK(nb_wq_sizes(m, k, &pb, &ngt) == NB_OK);
     // Model order: gate rows [0, I), up rows [I, 2I); and the SwiGLU order.
-    uint16_t *w = (uint16_t *)malloc(mk * 2), *wi = (uint16_t *)malloc(mk * 2);
-    for (int j = 0; j < m; j++) {
-        const double amp = 0.02 + 0.2 * urand(), off = 0.05 * (urand() - 0.5);
-        for (int t = 0; t < k; t++)
-            nb_store_f32(w, NB_DTYPE_BF16, (size_t)j * k + t, (float)(off + amp * (2.0 * urand() - 1.0)));
-    }
+    int *row_of = (int *)malloc(sizeof(int) * m);
     for (int j = 0; j < I; j++)
-        for (int part = 0; part < 2; part++)
-            memcpy(wi + (size_t)nb_cuda_wq_swiglu_row(j, part) * k, w + ((size_t)part * I + j) * k, (size_t)k * 2);
-    uint8_t *up[2];
-    uint16_t *sc[2], *zr[2], *sz[2];
-    const size_t nsz = nb_cuda_wq_sz_elems(m, k);
-    nb_cuda_wq dw[2];
-    for (int v = 0; v < 2; v++) {
-        up[v] = (uint8_t *)malloc(pb);
-        sc[v] = (uint16_t *)malloc(ngt * 2);
-        zr[v] = (uint16_t *)malloc(ngt * 2);
-        sz[v] = (uint16_t *)malloc(nsz * 2);
-        CHECK(nb_wq_quantize(v ? wi : w, NB_DTYPE_BF16, m, k, up[v], NULL, sc[v], zr[v]) == NB_OK);
-    }
-    // Rows are quantized on their own: the SwiGLU order holds the same codes.
-    const size_t rb = (size_t)k / 2, gpr = ngt / m;
-    long moved = 0;
-    for (int j = 0; j < I; j++)
-        for (int part = 0; part < 2; part++) {
-            const size_t a = (size_t)part * I + j, b = (size_t)nb_cuda_wq_swiglu_row(j, part);
-            moved += memcmp(up[0] + a * rb, up[1] + b * rb, rb) != 0 ||
-                     memcmp(sc[0] + a * gpr, sc[1] + b * gpr, gpr * 2) != 0 ||
-                     memcmp(zr[0] + a * gpr, zr[1] + b * gpr, gpr * 2) != 0;
-        }
-    CHECKF(moved == 0, "swiglu I=%d k=%d: %ld rows quantized differently once moved", I, k, moved);
+        for (int part = 0; part < 2; part++) row_of[part * I + j] = nb_cuda_wq_swiglu_row(j, part);
+    char what[64];
+    snprintf(what, sizeof what, "swiglu I=%d k=%d", I, k);
+    moved_wq mq = make_moved_wq(m, k, row_of, what);
+    free(row_of);
+    const nb_cuda_wq *dw = mq.dw;
     // The C references (model order), f32.
     uint16_t *x = (uint16_t *)malloc(nk * 2);
     float *xf = (float *)malloc(nk * 4), *xa = (float *)malloc(nk * 4);
@@ -603,16 +660,11 @@ static void run_swiglu(int I, int k, int nmax) {
     nb_ref_convert_to_f32(xf, x, NB_DTYPE_F16, nk);
     for (size_t e = 0; e < nk; e++) xa[e] = fabsf(xf[e]);
     uint16_t *sca = (uint16_t *)malloc(ngt * 2), *zra = (uint16_t *)malloc(ngt * 2);
-    for (size_t e = 0; e < ngt; e++) sca[e] = sc[0][e] & 0x7fffu, zra[e] = zr[0][e] & 0x7fffu;
-    nb_wq_tensor hw = {up[0], NULL, sc[0], zr[0]}, hwa = {up[0], NULL, sca, zra};
+    for (size_t e = 0; e < ngt; e++) sca[e] = mq.sc[e] & 0x7fffu, zra[e] = mq.zr[e] & 0x7fffu;
+    nb_wq_tensor hw = {mq.up, NULL, mq.sc, mq.zr}, hwa = {mq.up, NULL, sca, zra};
     float *gu = (float *)malloc((size_t)nmax * m * 4), *S = (float *)malloc((size_t)nmax * m * 4);
     nb_ref_matmul_wq(gu, xf, &hw, 0, NULL, NB_DTYPE_F32, nmax, m, k);
     nb_ref_matmul_wq(S, xa, &hwa, 0, NULL, NB_DTYPE_F32, nmax, m, k);
-    for (int v = 0; v < 2; v++) {
-        CHECK(nb_cuda_wq_pack_plane(up[v], pb) == NB_OK);
-        CHECK(nb_cuda_wq_pack_sz(sz[v], sc[v], zr[v], m, k) == NB_OK);
-        dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(up[v], pb), NULL, (const uint16_t *)dev_upload(sz[v], nsz * 2)};
-    }
     void *d_x = dev_upload(x, nk * 2), *d_gu = NULL, *d_a = NULL, *d_b = NULL;
     const size_t ob = (size_t)nmax * I * 4;
     CUDA_OK(cudaMalloc(&d_gu, (size_t)nmax * m * 4));
@@ -623,15 +675,10 @@ static void run_swiglu(int I, int k, int nmax) {
     const struct { nb_dtype dt; int sat; } outs[] = {{NB_DTYPE_F16, 1}, {NB_DTYPE_F32, 0}, {NB_DTYPE_F16, 0}, {NB_DTYPE_BF16, 0}};
     long checked = 0;
     double worst = 0;
-    // kernel: 0 built in, 1 tile kernel (decode kernel off), 2.. forced decode-kernel variants
-    for (int kern = 0; kern < 2 + 5 + 4; kern++) {
-        const int gv = kern >= 2 && kern < 7 ? kern - 2 : -1, gv2 = kern >= 7 ? kern - 7 : -1;
-        nb_cuda_matmul_wq_set_decode_kernel(kern == 1 ? 0 : -1);
-        nb_cuda_matmul_wq_set_gemv_variant(gv);
-        nb_cuda_matmul_wq_set_gemv16_variant(gv2);
+    for (int kern = 0; kern < kKernChoices; kern++) {
         for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
             const int n = ns[in];
-            if (n > nmax || (gv >= 0 && n > 8) || (gv2 >= 0 && (n <= 8 || n > 16))) continue;
+            if (n > nmax || !kernel_choice(kern, n)) continue;
             for (size_t io = 0; io < sizeof outs / sizeof outs[0]; io++) {
                 const nb_dtype odt = outs[io].dt;
                 if (kern > 0 && io > 0) continue; // every output type once, on the built-in path
@@ -677,9 +724,7 @@ static void run_swiglu(int I, int k, int nmax) {
             }
         }
     }
-    nb_cuda_matmul_wq_set_decode_kernel(-1);
-    nb_cuda_matmul_wq_set_gemv_variant(-1);
-    nb_cuda_matmul_wq_set_gemv16_variant(-1);
+    kernel_choice(0, 1);
     printf("swiglu I=%d k=%d: %ld outputs bit-exact against matmul + SwiGLU, worst |err|/tol vs C %.3f\n", I, k,
            checked, worst);
     // Arguments: refused, nothing launched.
@@ -707,20 +752,11 @@ static void run_swiglu(int I, int k, int nmax) {
     CHECK(!nb_cuda_matmul_wq_swiglu_supported(m, 96) && !nb_cuda_matmul_wq_swiglu_supported(24, k) &&
           nb_cuda_matmul_wq_swiglu_supported(m, k));
     CUDA_OK(cudaDeviceSynchronize());
-    for (int v = 0; v < 2; v++) {
-        CUDA_OK(cudaFree((void *)dw[v].upper));
-        CUDA_OK(cudaFree((void *)dw[v].sz));
-        free(up[v]);
-        free(sc[v]);
-        free(zr[v]);
-        free(sz[v]);
-    }
+    free_moved_wq(&mq);
     CUDA_OK(cudaFree(d_x));
     CUDA_OK(cudaFree(d_gu));
     CUDA_OK(cudaFree(d_a));
     CUDA_OK(cudaFree(d_b));
-    free(w);
-    free(wi);
     free(x);
     free(xf);
     free(xa);
@@ -743,39 +779,14 @@ static void run_swiglu(int I, int k, int nmax) {
 // references in test_ops_cuda.)
 static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     const int Hq = nh * D, Hkv = nkv * D, m = Hq + 2 * Hkv;
-    const size_t mk = (size_t)m * k, nk = (size_t)nmax * k;
-    size_t pb = 0, ngt = 0;
-    CHECK(nb_wq_sizes(m, k, &pb, &ngt) == NB_OK);
-    uint16_t *w = (uint16_t *)malloc(mk * 2), *wi = (uint16_t *)malloc(mk * 2);
-    for (int j = 0; j < m; j++) {
-        const double amp = 0.02 + 0.2 * urand(), off = 0.05 * (urand() - 0.5);
-        for (int t = 0; t < k; t++)
-            nb_store_f32(w, NB_DTYPE_BF16, (size_t)j * k + t, (float)(off + amp * (2.0 * urand() - 1.0)));
-    }
-    for (int j = 0; j < m; j++) memcpy(wi + (size_t)nb_cuda_wq_rope_row(j, D) * k, w + (size_t)j * k, (size_t)k * 2);
-    const size_t nsz = nb_cuda_wq_sz_elems(m, k), rb = (size_t)k / 2, gpr = ngt / m;
-    uint8_t *up[2];
-    uint16_t *sc[2], *zr[2], *sz[2];
-    nb_cuda_wq dw[2];
-    for (int v = 0; v < 2; v++) {
-        up[v] = (uint8_t *)malloc(pb);
-        sc[v] = (uint16_t *)malloc(ngt * 2);
-        zr[v] = (uint16_t *)malloc(ngt * 2);
-        sz[v] = (uint16_t *)malloc(nsz * 2);
-        CHECK(nb_wq_quantize(v ? wi : w, NB_DTYPE_BF16, m, k, up[v], NULL, sc[v], zr[v]) == NB_OK);
-    }
-    long moved = 0;
-    for (int j = 0; j < m; j++) {
-        const size_t b = (size_t)nb_cuda_wq_rope_row(j, D);
-        moved += memcmp(up[0] + j * rb, up[1] + b * rb, rb) != 0 || memcmp(sc[0] + j * gpr, sc[1] + b * gpr, gpr * 2) != 0 ||
-                 memcmp(zr[0] + j * gpr, zr[1] + b * gpr, gpr * 2) != 0;
-    }
-    CHECKF(moved == 0, "rope D=%d: %ld rows quantized differently once moved", D, moved);
-    for (int v = 0; v < 2; v++) {
-        CHECK(nb_cuda_wq_pack_plane(up[v], pb) == NB_OK);
-        CHECK(nb_cuda_wq_pack_sz(sz[v], sc[v], zr[v], m, k) == NB_OK);
-        dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(up[v], pb), NULL, (const uint16_t *)dev_upload(sz[v], nsz * 2)};
-    }
+    const size_t nk = (size_t)nmax * k;
+    int *row_of = (int *)malloc(sizeof(int) * m);
+    for (int j = 0; j < m; j++) row_of[j] = nb_cuda_wq_rope_row(j, D);
+    char what[64];
+    snprintf(what, sizeof what, "rope D=%d k=%d", D, k);
+    moved_wq mq = make_moved_wq(m, k, row_of, what);
+    free(row_of);
+    const nb_cuda_wq *dw = mq.dw;
     uint16_t *x = (uint16_t *)malloc(nk * 2);
     for (size_t e = 0; e < nk; e++) nb_store_f32(x, NB_DTYPE_F16, e, (float)(4.0 * urand() - 2.0));
     // The cache: 2 layers, 16-token blocks, pool of 6 blocks; rows at
@@ -830,14 +841,10 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     uint8_t *ha = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb), *hf = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
     const int ns[] = {1, 3, 4, 8, 9, 12, 16, 17, 33};
     long checked = 0;
-    for (int kern = 0; kern < 2 + 5 + 4; kern++) {
-        const int gv = kern >= 2 && kern < 7 ? kern - 2 : -1, gv2 = kern >= 7 ? kern - 7 : -1;
-        nb_cuda_matmul_wq_set_decode_kernel(kern == 1 ? 0 : -1);
-        nb_cuda_matmul_wq_set_gemv_variant(gv);
-        nb_cuda_matmul_wq_set_gemv16_variant(gv2);
+    for (int kern = 0; kern < kKernChoices; kern++) {
         for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
             const int n = ns[in];
-            if (n > nmax || (gv >= 0 && n != 4) || (gv2 >= 0 && n != 12)) continue;
+            if (n > nmax || !kernel_choice(kern, n)) continue;
             // The last row of a call of several has its block outside the pool.
             CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
             if (n > 1) CUDA_OK(cudaMemcpy(d_fb + (n - 1), &out_of_pool, 4, cudaMemcpyHostToDevice));
@@ -868,9 +875,7 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
             checked += (long)n * m;
         }
     }
-    nb_cuda_matmul_wq_set_decode_kernel(-1);
-    nb_cuda_matmul_wq_set_gemv_variant(-1);
-    nb_cuda_matmul_wq_set_gemv16_variant(-1);
+    kernel_choice(0, 1);
     printf("rope nh=%d nkv=%d D=%d k=%d cache=%s: %ld q|k|v outputs' stores bit-exact against matmul + "
            "RoPE/KV write\n", nh, nkv, D, k, nb_dtype_name(cdt), checked);
     // Arguments: refused, nothing launched.
@@ -892,18 +897,9 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     CHECK(nb_cuda_matmul_wq_rope_supported(m, k, nh, nkv, D) && !nb_cuda_matmul_wq_rope_supported(m, k, nh, nkv + 1, D) &&
           !nb_cuda_matmul_wq_rope_supported((nh + 2 * nkv) * 8, k, nh, nkv, 8));
     CUDA_OK(cudaDeviceSynchronize());
-    for (int v = 0; v < 2; v++) {
-        CUDA_OK(cudaFree((void *)dw[v].upper));
-        CUDA_OK(cudaFree((void *)dw[v].sz));
-        free(up[v]);
-        free(sc[v]);
-        free(zr[v]);
-        free(sz[v]);
-    }
+    free_moved_wq(&mq);
     void *dfree[] = {d_x, d_inv, d_fb, d_sl, d_pos, d_qkv, d_qa, d_qf, d_pa, d_pf, d_cs};
     for (void *d : dfree) CUDA_OK(cudaFree(d));
-    free(w);
-    free(wi);
     free(x);
     free(perm);
     free(fb);
