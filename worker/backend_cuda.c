@@ -1716,18 +1716,17 @@ nb_status nb_backend_cuda_pools(const nb_backend *base, nb_kv_pools *pools) {
     return NB_OK;
 }
 
-int nb_backend_cuda_swiglu_layers(const nb_backend *base) {
+// Layers whose draft copy of gate|up (rope false) or q|k|v (rope true) has
+// its rows moved for a fused epilogue; -1 for another backend.
+static int moved_layers(const nb_backend *base, bool rope) {
     if (!base || base->ops != &cuda_ops) return -1;
     const cuda_backend *be = (const cuda_backend *)base;
     int n = 0;
-    for (int l = 0; l < be->mc->n_layers; l++) n += be->fgu && be->layers[l].gu.swiglu;
+    for (int l = 0; l < be->mc->n_layers; l++)
+        n += rope ? be->fqkv && be->layers[l].qkv.rope : be->fgu && be->layers[l].gu.swiglu;
     return n;
 }
 
-int nb_backend_cuda_rope_layers(const nb_backend *base) {
-    if (!base || base->ops != &cuda_ops) return -1;
-    const cuda_backend *be = (const cuda_backend *)base;
-    int n = 0;
-    for (int l = 0; l < be->mc->n_layers; l++) n += be->fqkv && be->layers[l].qkv.rope;
-    return n;
-}
+int nb_backend_cuda_swiglu_layers(const nb_backend *base) { return moved_layers(base, false); }
+
+int nb_backend_cuda_rope_layers(const nb_backend *base) { return moved_layers(base, true); }

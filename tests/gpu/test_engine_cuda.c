@@ -195,6 +195,8 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
     CHECKF(nb_backend_cuda_swiglu_layers(bg) == n_layers && nb_backend_cuda_rope_layers(bg) == n_layers,
            "the draft's gate|up / q|k|v in the moved layouts in %d / %d of %d layers",
            nb_backend_cuda_swiglu_layers(bg), nb_backend_cuda_rope_layers(bg), n_layers);
+    CHECK(nb_backend_cuda_swiglu_layers(nb_engine_backend(ec)) == -1 &&
+          nb_backend_cuda_rope_layers(nb_engine_backend(ec)) == -1); // not the cuda backend
     setenv("NB_WQ_SWIGLU", "0", 1);
     setenv("NB_WQ_ROPE", "0", 1);
     nb_engine *eu = make_engine(m, "cuda", true, 128, -1, NB_TARGET_WEIGHTS_MODEL, err);
