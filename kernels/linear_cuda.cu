@@ -291,15 +291,19 @@ __device__ __forceinline__ void store_any(void *p, int dt, size_t i, float v) {
         static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
 }
 
-// The SwiGLU epilogue's store: silu(g) * u of output row j (of m/2) for x
-// row i, converted as nb_dtype.h converts (the SwiGLU kernel's stores).
-__device__ __forceinline__ void store_swiglu(const WqParams &p, int i, int j, float g, float u) {
+// The SwiGLU epilogues' store (4-bit and row-invariant dense matmuls):
+// silu(g) * u as element e of out, converted as nb_dtype.h converts (the
+// SwiGLU kernel's stores; f16 saturating when sat).
+__device__ __forceinline__ void swiglu_store(void *out, int out_dt, bool sat, size_t e, float g, float u) {
     const float v = nb_ops::silu_mul(g, u);
-    const size_t e = (size_t)i * (p.m / 2) + j;
-    if (p.out_dt == NB_DTYPE_F32) static_cast<float *>(p.out)[e] = v;
-    else if (p.out_dt == NB_DTYPE_F16)
-        static_cast<uint16_t *>(p.out)[e] = p.sat ? nb_dt::f32_to_f16_sat(v) : nb_dt::f32_to_f16(v);
-    else static_cast<uint16_t *>(p.out)[e] = nb_dt::f32_to_bf16(v);
+    if (out_dt == NB_DTYPE_F32) static_cast<float *>(out)[e] = v;
+    else if (out_dt == NB_DTYPE_F16)
+        static_cast<uint16_t *>(out)[e] = sat ? nb_dt::f32_to_f16_sat(v) : nb_dt::f32_to_f16(v);
+    else static_cast<uint16_t *>(out)[e] = nb_dt::f32_to_bf16(v);
+}
+// Output row j (of m/2) for x row i.
+__device__ __forceinline__ void store_swiglu(const WqParams &p, int i, int j, float g, float u) {
+    swiglu_store(p.out, p.out_dt, p.sat, (size_t)i * (p.m / 2) + j, g, u);
 }
 
 // The RoPE epilogue's store: the outputs x0, x1 of weight rows row and
@@ -1504,16 +1508,11 @@ extern "C" int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k) {
     return (dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16) && k > 0 && k % kDrBK == 0;
 }
 
-extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const void *x,
-                                             const void *w, nb_dtype dt, const void *bias,
-                                             nb_dtype bias_dt, int n, int m, int k,
-                                             void *workspace, size_t workspace_bytes,
-                                             cudaStream_t stream) {
-    if (n < 0 || m < 0 || !nb_cuda_matmul_dense_ri_supported(dt, k) || !io_dtype_ok(out_dt) ||
-        (bias && !io_dtype_ok(bias_dt)))
-        return NB_ERR_INVALID_ARG;
-    if (n == 0 || m == 0) return NB_OK;
-    if (!out || !x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) return NB_ERR_INVALID_ARG;
+// The launch shared by nb_cuda_matmul_dense_ri and its SwiGLU form (sw):
+// arguments checked by the caller but for the workspace.
+static nb_status dense_ri_run(void *out, nb_dtype out_dt, bool sat, const void *x, const void *w, nb_dtype dt,
+                              const void *bias, nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                              size_t workspace_bytes, bool sw, cudaStream_t stream) {
     cudaError_t err;
     int dev = 0;
     const int sms = sm_count(&dev, &err);
@@ -1525,6 +1524,7 @@ extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const v
     p.bias = bias;
     p.out_dt = (int)out_dt;
     p.bias_dt = (int)bias_dt;
+    p.sat = sat;
     p.n = n;
     p.m = m;
     p.k = k;
@@ -1535,7 +1535,40 @@ extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const v
             return NB_ERR_INVALID_ARG;
         p.part = static_cast<float *>(workspace);
     }
-    err = dt == NB_DTYPE_F16 ? launch_dense_ri<__half>(p, stream)
-                             : launch_dense_ri<__nv_bfloat16>(p, stream);
+    if (sw)
+        err = dt == NB_DTYPE_F16 ? launch_dense_ri<__half, true>(p, stream)
+                                 : launch_dense_ri<__nv_bfloat16, true>(p, stream);
+    else
+        err = dt == NB_DTYPE_F16 ? launch_dense_ri<__half>(p, stream) : launch_dense_ri<__nv_bfloat16>(p, stream);
     return err == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const void *x,
+                                             const void *w, nb_dtype dt, const void *bias,
+                                             nb_dtype bias_dt, int n, int m, int k,
+                                             void *workspace, size_t workspace_bytes,
+                                             cudaStream_t stream) {
+    if (n < 0 || m < 0 || !nb_cuda_matmul_dense_ri_supported(dt, k) || !io_dtype_ok(out_dt) ||
+        (bias && !io_dtype_ok(bias_dt)))
+        return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!out || !x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) return NB_ERR_INVALID_ARG;
+    return dense_ri_run(out, out_dt, false, x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes, false,
+                        stream);
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu(void *out, nb_dtype out_dt, int sat, const void *x,
+                                                    const void *w, nb_dtype dt, int n, int m, int k,
+                                                    void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    if (n < 0 || m < 0 || m % 16 || !nb_cuda_matmul_dense_ri_supported(dt, k) || !io_dtype_ok(out_dt) ||
+        (sat && out_dt != NB_DTYPE_F16))
+        return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!out || !x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) return NB_ERR_INVALID_ARG;
+    // NOTE: blocks store while others still read x: out must not overlap it.
+    const uintptr_t o0 = (uintptr_t)out, o1 = o0 + (size_t)n * (m / 2) * nb_dtype_size(out_dt);
+    const uintptr_t x0 = (uintptr_t)x, x1 = x0 + (size_t)n * k * nb_dtype_size(dt);
+    if (o0 < x1 && x0 < o1) return NB_ERR_INVALID_ARG;
+    return dense_ri_run(out, out_dt, sat != 0, x, w, dt, NULL, NB_DTYPE_F32, n, m, k, workspace, workspace_bytes,
+                        true, stream);
 }

@@ -282,6 +282,24 @@ nb_status nb_cuda_matmul_dense_ri(void *out /*[n][m] out_dt*/, nb_dtype out_dt,
                                   nb_dtype dt, const void *bias /*[m] bias_dt, or NULL*/,
                                   nb_dtype bias_dt, int n, int m, int k, void *workspace,
                                   size_t workspace_bytes, cudaStream_t stream);
+// The MLP's gate|up projection and SwiGLU in one row-invariant pass, as
+// nb_cuda_matmul_wq_swiglu is for the 4-bit copy: w is the stacked gate|up
+// matrix (m = 2I rows, m % 16 == 0, no bias) in the SwiGLU row layout
+// (nb_cuda_wq_swiglu_row), and out[i][j] = silu(g) * u with g and u the f32
+// outputs nb_cuda_matmul_dense_ri gives gate row j and up row j (the same
+// summation order: it depends on (m, k) only, not on where a row sits), and
+// silu(g) * u nb_cuda_silu_mul_cvt's element stored as out_dt (f32, f16 or
+// bf16; f16 saturating when sat). So out holds the bits of
+// nb_cuda_matmul_dense_ri on the model-order matrix followed by
+// nb_cuda_silu_mul_cvt, without the f32 gate|up rows in memory or the
+// SwiGLU launch. The workspace is nb_cuda_matmul_dense_ri_workspace_bytes(n,
+// m, k). out must not overlap x (blocks store while others still read x).
+// Returns NB_OK; NB_ERR_INVALID_ARG (as nb_cuda_matmul_dense_ri, m % 16 !=
+// 0, sat with out_dt other than f16, out overlapping x); NB_ERR_BACKEND.
+nb_status nb_cuda_matmul_dense_ri_swiglu(void *out /*[n][m/2] out_dt*/, nb_dtype out_dt, int sat,
+                                         const void *x /*[n][k] dt*/, const void *w /*[m][k] dt, swiglu rows*/,
+                                         nb_dtype dt, int n, int m, int k, void *workspace,
+                                         size_t workspace_bytes, cudaStream_t stream);
 // 1 when nb_cuda_matmul_dense_ri takes this dtype and k, else 0.
 int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k);
 // Workspace bytes for n rows of an [m][k] matrix (0 when S == 1 or the

@@ -27,6 +27,15 @@
 // chunk c ^ (r & 7), so the ldmatrix reads of 8 rows hit 8 different bank
 // groups.
 //
+// The SwiGLU form (SW, nb_cuda_matmul_dense_ri_swiglu): w is gate|up in
+// the SwiGLU row layout (16-row tile t: gate rows 8t..8t+7, then up rows
+// 8t..8t+7), so a thread's accumulators for rows g and g + 8 of its warp's
+// tile are a gate output and its up output. With S == 1 the thread stores
+// silu(g) * u directly; with S > 1 the reduction kernel sums both in split
+// order and stores it. Either way the bits of the plain form's f32 outputs
+// followed by the SwiGLU kernel, with no f32 gate|up rows in memory and no
+// SwiGLU launch.
+//
 // Programmatic dependent launch: the first stages' weights are requested
 // before griddepcontrol.wait (weights never depend on an earlier kernel);
 // x, the workspace, the bias and the output only after it. A block triggers
@@ -46,6 +55,7 @@ struct DrParams {
     const void *bias;    // [m] bias_dt or NULL
     float *part;         // [S][n][m] f32 partial sums (S > 1)
     int out_dt, bias_dt;
+    int sat;             // SW: f16 output saturating
     int n, m, k;
     int S, tiles;
 };
@@ -66,8 +76,9 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
 __device__ __forceinline__ uint32_t dr_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
 // Grid: (tiles * S, ceil(n / (8 NX))); block: kThreads; dynamic shared
-// memory dr_smem_bytes<NX>(). Needs k % 64 == 0, 16-byte aligned x and w.
-template <typename T, int NX>
+// memory dr_smem_bytes<NX>(). Needs k % 64 == 0, 16-byte aligned x and w
+// (SW: m % 16 == 0, no bias; out is [n][m/2]).
+template <typename T, int NX, bool SW>
 __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p) {
     extern __shared__ __align__(128) unsigned char dr_smem[];
     constexpr int XR = 8 * NX;               // x rows per block
@@ -167,6 +178,21 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
     cp_wait<0>();
 
     // acc[nx][i]: weight row m0 + 16 warp + g + 8 (i / 2), x row n0 + 8 nx + 2t + i % 2.
+    if constexpr (SW) {
+        if (p.S == 1) { // gate row (i < 2) and its up row (i + 2): output 8 (tile) + g
+            const int row = m0 + warp * 16 + g;
+#pragma unroll
+            for (int nx = 0; nx < NX; nx++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int xr = n0 + nx * 8 + 2 * t + i;
+                    if (row < p.m && xr < p.n)
+                        swiglu_store(p.out, p.out_dt, p.sat, (size_t)xr * (p.m / 2) + (row >> 4) * 8 + g,
+                                     acc[nx][i], acc[nx][i + 2]);
+                }
+            return;
+        }
+    }
 #pragma unroll
     for (int nx = 0; nx < NX; nx++)
 #pragma unroll
@@ -223,6 +249,38 @@ template <bool V4> __global__ void __launch_bounds__(256) dense_ri_reduce_kernel
     }
 }
 
+// The SwiGLU form's reduction: out[i][j] = silu(g) * u with g and u the
+// sums above of gate row j and up row j (columns 16 (j / 8) + j % 8 and
+// that + 8 of the SwiGLU row layout). Thread: 4 consecutive j of one row
+// (m % 16 == 0, so they share an 8-column group and the loads are float4).
+__global__ void __launch_bounds__(256) dense_ri_reduce_swiglu_kernel(const DrParams p) {
+    nb_pdl::trigger();
+    nb_pdl::wait();
+    const int I = p.m / 2;
+    const size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    const size_t total = (size_t)p.n * I, stride = (size_t)p.n * p.m;
+    if (e >= total) return;
+    const size_t xr = e / I;
+    const int j = (int)(e - xr * I);
+    const size_t cg = xr * p.m + (size_t)(j >> 3) * 16 + (j & 7), cu = cg + 8;
+    float4 qg[kDrMaxSplit], qu[kDrMaxSplit];
+#pragma unroll
+    for (int s = 0; s < kDrMaxSplit; s++)
+        if (s < p.S) {
+            qg[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + cg));
+            qu[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + cu));
+        }
+    float g[4] = {qg[0].x, qg[0].y, qg[0].z, qg[0].w}, u[4] = {qu[0].x, qu[0].y, qu[0].z, qu[0].w};
+#pragma unroll
+    for (int s = 1; s < kDrMaxSplit; s++)
+        if (s < p.S) {
+            g[0] += qg[s].x, g[1] += qg[s].y, g[2] += qg[s].z, g[3] += qg[s].w;
+            u[0] += qu[s].x, u[1] += qu[s].y, u[2] += qu[s].z, u[3] += qu[s].w;
+        }
+#pragma unroll
+    for (int w = 0; w < 4; w++) swiglu_store(p.out, p.out_dt, p.sat, e + w, g[w], u[w]);
+}
+
 int g_dr_split = 0;  // forced k splits (tests, benchmarks); 0: the built-in plan
 
 // The k splits of an [m][k] matrix: enough blocks for two per SM (the
@@ -243,9 +301,9 @@ int dr_split(int m, int k, int sms) {
     return S < 1 ? 1 : S;
 }
 
-template <typename T, int NX>
+template <typename T, int NX, bool SW>
 cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
-    constexpr auto kern = dense_ri_kernel<T, NX>;
+    constexpr auto kern = dense_ri_kernel<T, NX, SW>;
     static bool attr_set[kMaxDev];
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -259,6 +317,11 @@ cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
     err = nb_pdl::launch(kern, dim3((unsigned)(p.tiles * p.S), (unsigned)((p.n + 8 * NX - 1) / (8 * NX))),
                          dim3(kThreads), dr_smem_bytes<NX>(), stream, pdl, p);
     if (err != cudaSuccess || p.S == 1) return err;
+    if constexpr (SW) {
+        const size_t threads = (size_t)p.n * (p.m / 2) / 4;
+        return nb_pdl::launch(dense_ri_reduce_swiglu_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0,
+                              stream, pdl, p);
+    }
     const bool v4 = p.m % 4 == 0;
     const size_t threads = ((size_t)p.n * p.m + (v4 ? 3 : 0)) / (v4 ? 4 : 1);
     const dim3 grid((unsigned)((threads + 255) / 256));
@@ -266,9 +329,9 @@ cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
               : nb_pdl::launch(dense_ri_reduce_kernel<false>, grid, dim3(256), 0, stream, pdl, p);
 }
 
-template <typename T> cudaError_t launch_dense_ri(const DrParams &p, cudaStream_t stream) {
-    if (p.n <= 8) return launch_dense_ri_k<T, 1>(p, stream);
-    if (p.n <= 16) return launch_dense_ri_k<T, 2>(p, stream);
-    if (p.n <= 32) return launch_dense_ri_k<T, 4>(p, stream);
-    return launch_dense_ri_k<T, 8>(p, stream);
+template <typename T, bool SW = false> cudaError_t launch_dense_ri(const DrParams &p, cudaStream_t stream) {
+    if (p.n <= 8) return launch_dense_ri_k<T, 1, SW>(p, stream);
+    if (p.n <= 16) return launch_dense_ri_k<T, 2, SW>(p, stream);
+    if (p.n <= 32) return launch_dense_ri_k<T, 4, SW>(p, stream);
+    return launch_dense_ri_k<T, 8, SW>(p, stream);
 }

@@ -334,13 +334,16 @@ __global__ void rope_table_kernel(float *cs, const int32_t *pos, int h, const fl
 }
 
 // SwiGLU of strided gate/up rows into [n][I] (f32 and/or converted).
+// moved: element i of a row sits at column 16 (i / 8) + i % 8 (the SwiGLU
+// row layout; up = gate + 8).
 __global__ void silu_mul_cvt_kernel(float *out, nb_cuda_cvt cvt, const float *gate, const float *up,
-                                    int stride, int I, size_t total) {
+                                    int stride, int I, size_t total, bool moved) {
     nb_pdl::wait(); // as rmsnorm_kernel's (NB_SILU_PDL=0: launched without the attribute)
     nb_pdl::trigger();
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = e / (size_t)I, i = e - r * (size_t)I, src = r * (size_t)stride + i;
+        const size_t r = e / (size_t)I, i = e - r * (size_t)I;
+        const size_t src = r * (size_t)stride + (moved ? (i >> 3) * 16 + (i & 7) : i);
         const float o = nb_ops::silu_mul(gate[src], up[src]);
         if (out) out[e] = o;
         if (cvt.p) store_cvt(cvt, e, o);
@@ -416,7 +419,20 @@ extern "C" nb_status nb_cuda_silu_mul_cvt(float *out, nb_cuda_cvt cvt, const flo
     const size_t total = (size_t)n * I;
     static int pdl = -1;
     return launch_ex(silu_mul_cvt_kernel, dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
-                     nb_pdl::env_switch_once("NB_SILU_PDL", true, &pdl), out, cvt, gate, up, stride, I, total);
+                     nb_pdl::env_switch_once("NB_SILU_PDL", true, &pdl), out, cvt, gate, up, stride, I, total,
+                     false);
+}
+
+extern "C" nb_status nb_cuda_silu_mul_cvt_moved(float *out, nb_cuda_cvt cvt, const float *gu, int n, int I,
+                                                cudaStream_t stream) {
+    if (n < 0 || I < 8 || I % 8 || !cvt_ok(cvt)) return NB_ERR_INVALID_ARG;
+    if (n == 0) return NB_OK;
+    if (!gu || (!out && !cvt.p)) return NB_ERR_INVALID_ARG;
+    const size_t total = (size_t)n * I;
+    static int pdl = -1;
+    return launch_ex(silu_mul_cvt_kernel, dim3(grid_for(total, kThreads)), dim3(kThreads), 0, stream,
+                     nb_pdl::env_switch_once("NB_SILU_PDL", true, &pdl), out, cvt, gu, gu + 8, 2 * I, I, total,
+                     true);
 }
 
 extern "C" nb_status nb_cuda_rope_apply(float *x, const int32_t *pos, int n, int n_heads, int D,

@@ -133,6 +133,16 @@ nb_status nb_cuda_silu_mul_cvt(float *out /*[n][I] f32 or NULL*/, nb_cuda_cvt cv
                                const float *gate, const float *up, int stride, int n, int I,
                                cudaStream_t stream);
 
+// The same for gate|up rows [n][2I] in the SwiGLU row layout
+// (linear_cuda.h's nb_cuda_wq_swiglu_row: 16-column group t holds gate
+// 8t..8t+7, then up 8t..8t+7), as a cuBLAS matmul of such a matrix writes
+// them: o = silu(gu[r][16 (i/8) + i%8]) * gu[r][16 (i/8) + 8 + i%8].
+// Returns NB_ERR_INVALID_ARG for n < 0, I % 8 != 0 (or I < 8), an
+// unsupported cvt or NULL pointers.
+nb_status nb_cuda_silu_mul_cvt_moved(float *out /*[n][I] f32 or NULL*/, nb_cuda_cvt cvt /*[n][I]*/,
+                                     const float *gu /*[n][2I] swiglu rows*/, int n, int I,
+                                     cudaStream_t stream);
+
 // SwiGLU, twin of nb_ref_silu_mul: out[i] = (g / (1 + e)) * up[i] with
 // e = exp(-g) in double rounded to f32 (glibc's expf differs by 1 ulp for
 // about 1 argument in 1600; the result then differs by at most a few ulp).

@@ -166,5 +166,9 @@ int nb_backend_cuda_swiglu_layers(const nb_backend *be);
 // The same for the q|k|v copy in the RoPE layout (q|k|v projection, RoPE
 // and KV write in one launch per draft layer; backend_cuda.c's rope_stage).
 int nb_backend_cuda_rope_layers(const nb_backend *be);
+// The same for the dense gate|up copy in the SwiGLU layout (gate|up and
+// SwiGLU in one launch per layer of the target's step passes;
+// backend_cuda.c's dense_swiglu_stage).
+int nb_backend_cuda_dense_swiglu_layers(const nb_backend *be);
 
 #endif // NB_BACKEND_H

@@ -71,6 +71,11 @@ typedef struct dlin {
     // nb_cuda_matmul_wq_swiglu, q|k|v in nb_cuda_wq_rope_row order for
     // nb_cuda_matmul_wq_rope.
     bool swiglu, rope;
+    // The dense copy of gate|up in the same SwiGLU row order, for
+    // nb_cuda_matmul_dense_ri_swiglu (the target's step passes); other
+    // passes' matmuls write gate|up in that order for
+    // nb_cuda_silu_mul_cvt_moved.
+    bool dswiglu;
 } dlin;
 
 typedef struct dlayer {
@@ -408,8 +413,9 @@ static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_v
                               int r0, char *err, size_t err_len) {
     const int m = (int)w->shape[0], k = L->k;
     nb_status st = NB_OK;
-    if (L->w && (st = h2d_as(be, (uint8_t *)L->w + (size_t)r0 * k * nb_dtype_size(be->adt), w, (size_t)m * k,
-                             be->adt, err, err_len)) != NB_OK)
+    if (L->w && !L->dswiglu &&
+        (st = h2d_as(be, (uint8_t *)L->w + (size_t)r0 * k * nb_dtype_size(be->adt), w, (size_t)m * k, be->adt,
+                     err, err_len)) != NB_OK)
         return st;
     if (L->bias && (st = h2d_as(be, (uint8_t *)L->bias + (size_t)r0 * nb_dtype_size(L->bias_dt), b, (size_t)m,
                                 L->bias_dt, err, err_len)) != NB_OK)
@@ -487,14 +493,43 @@ static nb_status lin_put_q_moved(cuda_backend *be, const dlin *L, const nb_tenso
     return st;
 }
 
+// The dense copy of gate|up (parts w[0], w[1] of I rows each) in the
+// SwiGLU row order (nb_cuda_wq_swiglu_row), uploaded in pieces of up to
+// 256 16-row tiles staged on the host in the checkpoint's dtype.
+static nb_status lin_put_dense_moved(cuda_backend *be, const dlin *L, const nb_tensor_view *const *w, char *err,
+                                     size_t err_len) {
+    const int k = L->k, tiles = L->m / 16;
+    const nb_dtype sdt = w[0]->dtype;
+    const size_t es = nb_dtype_size(sdt), run = (size_t)8 * k * es, piece = 256;
+    if (w[1]->dtype != sdt) return NB_ERR_INTERNAL;
+    uint8_t *h = malloc(piece * 2 * run);
+    if (!h) {
+        nb_set_err(err, err_len, "cuda backend: out of host memory moving %s", w[0]->name);
+        return NB_ERR_OUT_OF_MEMORY;
+    }
+    nb_status st = NB_OK;
+    for (int t0 = 0; t0 < tiles && st == NB_OK; t0 += (int)piece) {
+        const int nt = tiles - t0 < (int)piece ? tiles - t0 : (int)piece;
+        for (int t = 0; t < nt; t++)
+            for (int up = 0; up < 2; up++)
+                memcpy(h + ((size_t)t * 2 + up) * run, (const uint8_t *)w[up]->data + (size_t)(t0 + t) * run, run);
+        const nb_tensor_view v = {h, sdt, {(int64_t)nt * 16, k}, 2, w[0]->name};
+        st = h2d_as(be, (uint8_t *)L->w + (size_t)t0 * 16 * k * nb_dtype_size(be->adt), &v, (size_t)nt * 16 * k,
+                    be->adt, err, err_len);
+    }
+    free(h);
+    return st;
+}
+
 // One linear layer made of np parts stacked by rows (q|k|v, gate|up): one
 // matmul instead of np launches. The caller checked lin_fusable().
-// swiglu_ok: gate|up whose down projection has a draft copy; rope_D > 0:
-// q|k|v of heads of rope_D (n_heads, n_kv_heads) whose cache the RoPE
-// epilogue can write.
+// swiglu_ok: gate|up whose down projection has a draft copy; dswiglu_ok:
+// gate|up whose down projection has a dense copy; rope_D > 0: q|k|v of
+// heads of rope_D (n_heads, n_kv_heads) whose cache the RoPE epilogue can
+// write.
 static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *const *w,
-                              const nb_tensor_view *const *b, int np, bool swiglu_ok, int rope_D, char *err,
-                              size_t err_len) {
+                              const nb_tensor_view *const *b, int np, bool swiglu_ok, bool dswiglu_ok, int rope_D,
+                              char *err, size_t err_len) {
     memset(L, 0, sizeof(*L));
     for (int i = 0; i < np; i++) L->m += (int)w[i]->shape[0];
     L->k = (int)w[0]->shape[1];
@@ -517,6 +552,14 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
                                                (int)w[1]->shape[0] / rope_D, rope_D) &&
               w[1]->shape[0] == w[2]->shape[0] && w[0]->shape[0] % rope_D == 0 && w[1]->shape[0] % rope_D == 0 &&
               !env_off("NB_WQ_ROPE");
+    // The dense copy of gate|up in the SwiGLU layout where the target's
+    // step passes can take nb_cuda_matmul_dense_ri_swiglu (f16/bf16, no
+    // bias, a dense down projection). NB_DENSE_SWIGLU=0 keeps the model's
+    // order (the same bits either way).
+    const bool pairs = np == 2 && w[0]->shape[0] == w[1]->shape[0] && w[0]->shape[0] % 8 == 0 &&
+                       w[0]->dtype == w[1]->dtype;
+    L->dswiglu = dswiglu_ok && pairs && !(int8 && quantizable) && !(b[0] && b[0]->data) &&
+                 nb_cuda_matmul_dense_ri_supported(be->adt, L->k) && !env_off("NB_DENSE_SWIGLU");
     nb_status st;
     void *dev = NULL;
     if (!(int8 && quantizable)) {
@@ -550,6 +593,7 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
     }
     for (int i = 0, r0 = 0; i < np; r0 += (int)w[i]->shape[0], i++)
         if ((st = lin_put_part(be, L, w[i], b[i], r0, err, err_len)) != NB_OK) return st;
+    if (L->dswiglu && (st = lin_put_dense_moved(be, L, w, err, err_len)) != NB_OK) return st;
     return L->swiglu || L->rope ? lin_put_q_moved(be, L, w, np, rope_D, err, err_len) : NB_OK;
 }
 
@@ -775,13 +819,16 @@ static nb_status norm_stage(cuda_backend *be, const float *res, const void *w, n
     return st;
 }
 
-// SwiGLU of (strided) gate/up rows into the down projection's input.
-static nb_status silu_stage(cuda_backend *be, const float *gate, const float *up, int stride, int R,
+// SwiGLU of (strided) gate/up rows into the down projection's input;
+// moved: gate|up rows [R][2I] in the SwiGLU row layout at gate (up unused).
+static nb_status silu_stage(cuda_backend *be, const float *gate, const float *up, int stride, int R, bool moved,
                             lin_path p, const void **xd, const void **xq) {
     const int I = be->mc->intermediate_size;
     stage_out o;
     nb_status st = stage_plan(be, be->up, p, p, &o, xd, xq);
-    if (st == NB_OK) st = nb_cuda_silu_mul_cvt(o.f32, o.cvt, gate, up, stride, R, I, be->stream);
+    if (st == NB_OK)
+        st = moved ? nb_cuda_silu_mul_cvt_moved(o.f32, o.cvt, gate, R, I, be->stream)
+                   : nb_cuda_silu_mul_cvt(o.f32, o.cvt, gate, up, stride, R, I, be->stream);
     if (st == NB_OK && o.generic) st = stage_in(be, be->up, R, I, p, p, xd, xq);
     return st;
 }
@@ -888,6 +935,37 @@ static nb_status swiglu_stage(cuda_backend *be, const void *x, int n, const dlin
     return NB_OK;
 }
 
+// The target's gate|up projection and SwiGLU as one row-invariant matmul
+// (the dense copy in the SwiGLU layout, dlin.dswiglu), writing the dense
+// down projection's input (be->adt) as silu_stage would convert it, with
+// the same bits (nb_cuda_matmul_dense_ri_swiglu), in RI_SLICE-row calls as
+// lin_run makes them. It goes to be->gate (the idle f32 gate|up rows), not
+// to xa_d, where x is. The caller checked dense_swiglu_takes().
+static nb_status dense_swiglu_stage(cuda_backend *be, const void *x, int n, const dlin *L, const void **xd,
+                                    const void **xq) {
+    if (x == (const void *)be->gate) return NB_ERR_INTERNAL;
+    const int I = L->m / 2, k = L->k;
+    const size_t es = nb_dtype_size(be->adt), xrow = (size_t)k * es, orow = (size_t)I * es;
+    for (int r = 0; r < n; r += RI_SLICE) {
+        const int rows = n - r < RI_SLICE ? n - r : RI_SLICE;
+        nb_status st = nb_cuda_matmul_dense_ri_swiglu((uint8_t *)be->gate + (size_t)r * orow, be->adt, 0,
+                                                      (const uint8_t *)x + (size_t)r * xrow, L->w, be->adt, rows,
+                                                      L->m, k, be->ri_ws, be->ri_ws_bytes, be->stream);
+        if (st != NB_OK) return st;
+    }
+    *xd = be->gate;
+    *xq = NULL;
+    return NB_OK;
+}
+
+// Whether a step pass in this mode takes dense_swiglu_stage for layer L:
+// both gate|up and down on their dense copies, gate|up on the row-invariant
+// matmul, the down projection reading be->adt rows (stage_plan's copy).
+static bool dense_swiglu_takes(const cuda_backend *be, const dlayer *L, nb_fwd_mode mode, bool step) {
+    return step && be->fgu && L->gu.dswiglu && path_of(be, &L->gu, mode) == LIN_DENSE &&
+           path_of(be, &L->down, mode) == LIN_DENSE && be->adt != NB_DTYPE_F32 && ri_takes(be, &L->gu);
+}
+
 // Layout of one pass's metadata in the staging buffers (byte offsets).
 // The kernels of one pass, enqueued on the stream (captured into a CUDA
 // graph for repeated step shapes). Everything that varies between passes of
@@ -963,14 +1041,17 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         if (be->fgu && L->gu.swiglu && path_of(be, &L->gu, mode) == LIN_Q4) {
             CK(swiglu_stage(be, xq, R, &L->gu, path_of(be, &L->down, mode), step, &xd, &xq),
                "gate/up projection + swiglu");
+        } else if (dense_swiglu_takes(be, L, mode, step)) {
+            CK(dense_swiglu_stage(be, xd, R, &L->gu, &xd, &xq), "gate/up projection + swiglu");
         } else if (be->fgu) {
             CK(lin_run(be, be->gate, xd, xq, R, &L->gu, mode, step), "gate/up projection");
-            CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R, path_of(be, &L->down, mode), &xd, &xq),
+            CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R, L->gu.dswiglu && path_of(be, &L->gu, mode) == LIN_DENSE,
+                          path_of(be, &L->down, mode), &xd, &xq),
                "swiglu");
         } else {
             CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
             CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
-            CK(silu_stage(be, be->gate, be->up, I, R, path_of(be, &L->down, mode), &xd, &xq), "swiglu");
+            CK(silu_stage(be, be->gate, be->up, I, R, false, path_of(be, &L->down, mode), &xd, &xq), "swiglu");
         }
         CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
     }
@@ -1434,9 +1515,10 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         // fused pass writes its quantized input.
         // The RoPE layout: the cache layout's heads are the model's.
         const int rope_D = be->lay.head_dim == mc->head_dim && be->lay.n_kv_heads == mc->n_kv_heads ? mc->head_dim : 0;
-        if ((be->fqkv && (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, false, rope_D, err, err_len)) != NB_OK) ||
-            (be->fgu &&
-             (st = lin_init_cat(be, &dl->gu, gw, gb, 2, dl->down.q.upper != NULL, 0, err, err_len)) != NB_OK))
+        if ((be->fqkv &&
+             (st = lin_init_cat(be, &dl->qkv, qw, qb, 3, false, false, rope_D, err, err_len)) != NB_OK) ||
+            (be->fgu && (st = lin_init_cat(be, &dl->gu, gw, gb, 2, dl->down.q.upper != NULL, dl->down.w != NULL, 0,
+                                           err, err_len)) != NB_OK))
             return st;
         if (be->rope_layer < 0 && be->fqkv && dl->qkv.rope) be->rope_layer = l;
         dl->attn_norm_dt = lw->attn_norm.dtype;
@@ -1716,17 +1798,24 @@ nb_status nb_backend_cuda_pools(const nb_backend *base, nb_kv_pools *pools) {
     return NB_OK;
 }
 
-// Layers whose draft copy of gate|up (rope false) or q|k|v (rope true) has
-// its rows moved for a fused epilogue; -1 for another backend.
-static int moved_layers(const nb_backend *base, bool rope) {
+// Layers whose gate|up or q|k|v copy of this kind has its rows moved for a
+// fused epilogue; -1 for another backend.
+typedef enum { MOVED_SWIGLU, MOVED_ROPE, MOVED_DENSE_SWIGLU } moved_kind;
+static int moved_layers(const nb_backend *base, moved_kind kind) {
     if (!base || base->ops != &cuda_ops) return -1;
     const cuda_backend *be = (const cuda_backend *)base;
     int n = 0;
-    for (int l = 0; l < be->mc->n_layers; l++)
-        n += rope ? be->fqkv && be->layers[l].qkv.rope : be->fgu && be->layers[l].gu.swiglu;
+    for (int l = 0; l < be->mc->n_layers; l++) {
+        const dlayer *L = &be->layers[l];
+        n += kind == MOVED_ROPE     ? be->fqkv && L->qkv.rope
+             : kind == MOVED_SWIGLU ? be->fgu && L->gu.swiglu
+                                    : be->fgu && L->gu.dswiglu;
+    }
     return n;
 }
 
-int nb_backend_cuda_swiglu_layers(const nb_backend *base) { return moved_layers(base, false); }
+int nb_backend_cuda_swiglu_layers(const nb_backend *base) { return moved_layers(base, MOVED_SWIGLU); }
 
-int nb_backend_cuda_rope_layers(const nb_backend *base) { return moved_layers(base, true); }
+int nb_backend_cuda_rope_layers(const nb_backend *base) { return moved_layers(base, MOVED_ROPE); }
+
+int nb_backend_cuda_dense_swiglu_layers(const nb_backend *base) { return moved_layers(base, MOVED_DENSE_SWIGLU); }

@@ -19,7 +19,10 @@
 //     with programmatic dependent launch on and off: the same bits;
 //   - one workspace shared by launches of different shapes in one stream;
 //   - refusals: unsupported dtype or k, misaligned or NULL pointers, a
-//     missing or too small workspace.
+//     missing or too small workspace;
+//   - the SwiGLU form (nb_cuda_matmul_dense_ri_swiglu) byte for byte
+//     against the plain form + nb_cuda_silu_mul_cvt (check_swiglu), and
+//     its refusals.
 // Exits 77 (skipped) when no CUDA device is present.
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +31,7 @@
 #include <string.h>
 
 #include "linear_cuda.h"
+#include "ops_cuda.h"
 extern "C" {
 #include "ops_ref.h"
 }
@@ -323,6 +327,156 @@ static void check_chain_and_errors(void) {
     cudaFree(d_out);
 }
 
+// The SwiGLU form (nb_cuda_matmul_dense_ri_swiglu) on gate|up in the
+// SwiGLU row layout against the plain form on the model-order matrix
+// followed by nb_cuda_silu_mul_cvt, byte for byte: outputs f32, f16,
+// saturating f16 and bf16, n = 1..64, the k splits given (S == 1: stored
+// from the accumulators; S > 1: the reduction kernel). Row 3 of x is
+// scaled so that its products overflow f16 (saturating vs Inf). Also the
+// plain form on the moved matrix followed by nb_cuda_silu_mul_cvt_moved
+// (what the engine's other passes do with a moved copy): the same bytes.
+static void check_swiglu(nb_dtype dt, int I, int k, int split) {
+    nb_cuda_matmul_dense_ri_set_split(split);
+    const int m = 2 * I, n_max = 64;
+    const size_t es = nb_dtype_size(dt), mk = (size_t)m * k, nk = (size_t)n_max * k;
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *wm = (uint16_t *)malloc(mk * 2), *x = (uint16_t *)malloc(nk * 2);
+    for (size_t e = 0; e < mk; e++) {
+        const float v = (float)((urand() * 2.0 - 1.0) * 0.05);
+        w[e] = dt == NB_DTYPE_F16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+    }
+    for (int j = 0; j < I; j++)
+        for (int up = 0; up < 2; up++)
+            memcpy(wm + (size_t)nb_cuda_wq_swiglu_row(j, up) * k, w + ((size_t)up * I + j) * k, (size_t)k * 2);
+    for (size_t e = 0; e < nk; e++) {
+        const float v = (float)((urand() * 2.0 - 1.0) * (e / k == 3 ? 1000.0 : 2.0));
+        x[e] = dt == NB_DTYPE_F16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+    }
+    void *d_w, *d_wm, *d_x, *d_gu, *d_ref, *d_out, *d_ws = NULL;
+    const size_t obytes = (size_t)n_max * I * 4;
+    CUDA_OK(cudaMalloc(&d_w, mk * es));
+    CUDA_OK(cudaMalloc(&d_wm, mk * es));
+    CUDA_OK(cudaMalloc(&d_x, nk * es));
+    CUDA_OK(cudaMalloc(&d_gu, (size_t)n_max * m * 4));
+    CUDA_OK(cudaMalloc(&d_ref, obytes));
+    CUDA_OK(cudaMalloc(&d_out, obytes));
+    CUDA_OK(cudaMemcpy(d_w, w, mk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_wm, wm, mk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_x, x, nk * es, cudaMemcpyHostToDevice));
+    const size_t ws = nb_cuda_matmul_dense_ri_workspace_bytes(n_max, m, k);
+    const int S = nb_cuda_matmul_dense_ri_split(m, k);
+    if (ws) {
+        CUDA_OK(cudaMalloc(&d_ws, ws));
+        CUDA_OK(cudaMemset(d_ws, 0xff, ws));
+    }
+    uint8_t *ref = (uint8_t *)malloc(obytes), *got = (uint8_t *)malloc(obytes);
+    const struct {
+        nb_dtype dt;
+        int sat;
+    } outs[4] = {{NB_DTYPE_F32, 0}, {NB_DTYPE_F16, 0}, {NB_DTYPE_F16, 1}, {NB_DTYPE_BF16, 0}};
+    const int ns[] = {1, 2, 5, 8, 9, 16, 17, 33, 40, 64};
+    long checked = 0, sat_seen = 0;
+    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++)
+        for (int io = 0; io < 4; io++) {
+            const int n = ns[in];
+            const nb_dtype odt = outs[io].dt;
+            const size_t ob = (size_t)n * I * nb_dtype_size(odt);
+            char what[160];
+            snprintf(what, sizeof what, "swiglu %s I=%d k=%d S=%d n=%d out=%s%s", nb_dtype_name(dt), I, k, S, n,
+                     nb_dtype_name(odt), outs[io].sat ? " (saturating)" : "");
+            // Unfused: model-order gate|up rows, then SwiGLU.
+            CUDA_OK(cudaMemset(d_ref, 0xff, obytes));
+            CHECK(nb_cuda_matmul_dense_ri(d_gu, NB_DTYPE_F32, d_x, d_w, dt, NULL, NB_DTYPE_F32, n, m, k, d_ws, ws,
+                                          0) == NB_OK);
+            const nb_cuda_cvt cv = {odt == NB_DTYPE_F32 ? NULL : d_ref, odt, outs[io].sat};
+            CHECK(nb_cuda_silu_mul_cvt(odt == NB_DTYPE_F32 ? (float *)d_ref : NULL, cv, (const float *)d_gu,
+                                       (const float *)d_gu + I, m, n, I, 0) == NB_OK);
+            CUDA_OK(cudaMemcpy(ref, d_ref, obytes, cudaMemcpyDeviceToHost));
+            // Fused, on the moved matrix.
+            CUDA_OK(cudaMemset(d_out, 0xff, obytes));
+            const nb_status st = nb_cuda_matmul_dense_ri_swiglu(d_out, odt, outs[io].sat, d_x, d_wm, dt, n, m, k,
+                                                                d_ws, ws, 0);
+            CHECKF(st == NB_OK, "%s: %s", what, nb_status_str(st));
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(got, d_out, obytes, cudaMemcpyDeviceToHost));
+            CHECKF(memcmp(got, ref, obytes) == 0, "%s: not the bytes of matmul + SwiGLU (or wrote past n rows)",
+                   what);
+            // Plain form on the moved matrix, then the moved SwiGLU.
+            CUDA_OK(cudaMemset(d_out, 0xff, obytes));
+            CHECK(nb_cuda_matmul_dense_ri(d_gu, NB_DTYPE_F32, d_x, d_wm, dt, NULL, NB_DTYPE_F32, n, m, k, d_ws, ws,
+                                          0) == NB_OK);
+            const nb_cuda_cvt cm = {odt == NB_DTYPE_F32 ? NULL : d_out, odt, outs[io].sat};
+            CHECK(nb_cuda_silu_mul_cvt_moved(odt == NB_DTYPE_F32 ? (float *)d_out : NULL, cm, (const float *)d_gu,
+                                             n, I, 0) == NB_OK);
+            CUDA_OK(cudaMemcpy(got, d_out, obytes, cudaMemcpyDeviceToHost));
+            CHECKF(memcmp(got, ref, obytes) == 0, "%s: moved matmul + moved SwiGLU differ", what);
+            if (odt == NB_DTYPE_F16 && n > 3)
+                for (int j = 0; j < I; j++) {
+                    const uint16_t h = ((const uint16_t *)ref)[(size_t)3 * I + j] & 0x7fff;
+                    sat_seen += outs[io].sat ? h == 0x7bff : h == 0x7c00;
+                }
+            checked += (long)ob;
+        }
+    CHECKF(sat_seen > 0, "swiglu %s I=%d: row 3 never reached the f16 range's end", nb_dtype_name(dt), I);
+    printf("  swiglu %-4s I=%-5d k=%-5d S=%-2d %ld output bytes == matmul + SwiGLU (%ld f16 outputs at the "
+           "range's end)\n",
+           nb_dtype_name(dt), I, k, S, checked, sat_seen);
+    fflush(stdout);
+    free(w);
+    free(wm);
+    free(x);
+    free(ref);
+    free(got);
+    cudaFree(d_w);
+    cudaFree(d_wm);
+    cudaFree(d_x);
+    cudaFree(d_gu);
+    cudaFree(d_ref);
+    cudaFree(d_out);
+    cudaFree(d_ws);
+    nb_cuda_matmul_dense_ri_set_split(0);
+}
+
+// The SwiGLU form's refusals.
+static void check_swiglu_errors(void) {
+    const int I = 64, k = 256, m = 2 * I, n = 4;
+    void *d_w, *d_x, *d_out, *d_ws;
+    CUDA_OK(cudaMalloc(&d_w, (size_t)m * k * 2));
+    CUDA_OK(cudaMalloc(&d_x, (size_t)n * k * 2 + 16));
+    CUDA_OK(cudaMalloc(&d_out, (size_t)n * I * 4));
+    const size_t ws = nb_cuda_matmul_dense_ri_workspace_bytes(n, m, k);
+    CUDA_OK(cudaMalloc(&d_ws, ws ? ws : 16));
+    const uint8_t *xb = (const uint8_t *)d_x;
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, n, m - 8, k, d_ws, ws,
+                                         0) == NB_ERR_INVALID_ARG); // m % 16
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_BF16, 1, d_x, d_w, NB_DTYPE_F16, n, m, k, d_ws, ws, 0) ==
+          NB_ERR_INVALID_ARG); // saturating bf16
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F32, n, m, k, d_ws, ws, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, n, m, k - 32, d_ws, ws,
+                                         0) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, xb + 2, d_w, NB_DTYPE_F16, n, m, k, d_ws, ws, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(NULL, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, n, m, k, d_ws, ws, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, -1, m, k, d_ws, ws, 0) ==
+          NB_ERR_INVALID_ARG);
+    // out overlapping x: blocks would store while others read x.
+    CHECK(nb_cuda_matmul_dense_ri_swiglu((uint8_t *)d_x + 64, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, n, m, k,
+                                         d_ws, ws, 0) == NB_ERR_INVALID_ARG);
+    if (ws) // a missing or too small workspace where S > 1
+        CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, n, m, k, d_ws, ws - 4,
+                                             0) == NB_ERR_INVALID_ARG &&
+              nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, n, m, k, NULL, 0, 0) ==
+                  NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_swiglu(d_out, NB_DTYPE_F16, 0, d_x, d_w, NB_DTYPE_F16, 0, m, k, NULL, 0, 0) ==
+          NB_OK);
+    CUDA_OK(cudaGetLastError());
+    cudaFree(d_w);
+    cudaFree(d_x);
+    cudaFree(d_out);
+    cudaFree(d_ws);
+}
+
 int main(void) {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -349,5 +503,12 @@ int main(void) {
     run_shape(NB_DTYPE_BF16, 640, 2048, 2);
     run_shape(NB_DTYPE_BF16, 64, 192, 3);    // one partial row block, 3 splits of 1 k step
     check_chain_and_errors();
+    for (int d = 0; d < 2; d++) {
+        check_swiglu(dts[d], 14336, 4096, 0); // Llama-3-8B gate|up: the built-in plan has S = 1
+        check_swiglu(dts[d], 520, 1408, 0);   // a partial row block; the built-in plan splits k
+    }
+    check_swiglu(NB_DTYPE_BF16, 520, 1408, 1);
+    check_swiglu(NB_DTYPE_F16, 64, 512, 8);   // one row block, 8 splits
+    check_swiglu_errors();
     return nb_test_finish("test_dense_ri_cuda");
 }

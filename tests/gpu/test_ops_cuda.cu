@@ -468,7 +468,23 @@ static void test_silu_mul_cvt() {
         NB_CHECK(nb_cuda_silu_mul_cvt(dout.p, c, dgu.p, dgu.p + I, stride, n, I, 0));
         std::vector<float> got = dout.down(), sep = dsep.down();
         std::vector<uint16_t> gc = dc.down();
+        // The same rows in the SwiGLU row layout (gate i at column
+        // 16 (i/8) + i%8, up 8 further): nb_cuda_silu_mul_cvt_moved must
+        // store the same bits.
+        std::vector<float> gum(gu.size());
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < I; i++) {
+                const size_t col = (size_t)(i >> 3) * 16 + (i & 7);
+                gum[(size_t)r * stride + col] = gu[(size_t)r * stride + i];
+                gum[(size_t)r * stride + col + 8] = gu[(size_t)r * stride + I + i];
+            }
+        dbuf<float> dgum(gum), doutm(g.size());
+        dbuf<uint16_t> dcm(g.size());
+        NB_CHECK(nb_cuda_silu_mul_cvt_moved(doutm.p, nb_cuda_cvt{dcm.p, c.dt, c.sat}, dgum.p, n, I, 0));
+        std::vector<float> gotm = doutm.down();
+        std::vector<uint16_t> gcm = dcm.down();
         for (size_t i = 0; i < got.size(); i++) {
+            cmism += !same_bits(gotm[i], got[i]) || gcm[i] != gc[i];
             cmism += !same_bits(got[i], sep[i]) || gc[i] != cvt_ref(got[i], c.dt, c.sat);
             if (!same_bits(got[i], ref[i])) inexact++;
             int64_t dd = ulp_dist(got[i], ref[i]);
@@ -486,10 +502,19 @@ static void test_silu_mul_cvt() {
         nb_cuda_silu_mul_cvt(nullptr, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, t.p, t.p + 8, 16, 1, 8, 0) ==
             NB_ERR_INVALID_ARG &&
         nb_cuda_silu_mul_cvt(nullptr, nb_cuda_cvt{t.p, NB_DTYPE_BF16, 1}, t.p, t.p + 8, 16, 1, 8, 0) ==
+            NB_ERR_INVALID_ARG &&
+        nb_cuda_silu_mul_cvt_moved(t.p, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, t.p, 1, 12, 0) ==
+            NB_ERR_INVALID_ARG && // I % 8 != 0
+        nb_cuda_silu_mul_cvt_moved(t.p, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, nullptr, 1, 8, 0) ==
+            NB_ERR_INVALID_ARG &&
+        nb_cuda_silu_mul_cvt_moved(t.p, nb_cuda_cvt{nullptr, NB_DTYPE_F16, 0}, t.p, -1, 8, 0) ==
+            NB_ERR_INVALID_ARG &&
+        nb_cuda_silu_mul_cvt_moved(nullptr, nb_cuda_cvt{t.p, NB_DTYPE_BF16, 1}, t.p, 1, 8, 0) ==
             NB_ERR_INVALID_ARG;
     if (!refused) cmism++;
     summary(bad == 0 && cmism == 0, "silu_mul_cvt", "%ld elems (strided gate/up rows, f16/bf16/f16-sat "
-            "copies), %ld differ from nb_cuda_silu_mul or its conversion (contract: 0); vs nb_ref_silu_mul "
+            "copies; and in the SwiGLU row layout, _moved), %ld differ from nb_cuda_silu_mul or its conversion "
+            "(contract: 0); vs nb_ref_silu_mul "
             "%ld not bit-exact, max %lld ulp (tol 4 ulp, as silu_mul)",
             elems, cmism, inexact, (long long)max_ulp);
 }
