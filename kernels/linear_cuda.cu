@@ -306,15 +306,14 @@ __device__ __forceinline__ void store_swiglu(const WqParams &p, int i, int j, fl
     swiglu_store(p.out, p.out_dt, p.sat, (size_t)i * (p.m / 2) + j, g, u);
 }
 
-// The RoPE epilogue's store: the outputs x0, x1 of weight rows row and
-// row + 8 (a 16-row tile's lane pair) for x row i: dims d and d + D/2 of
-// head row / D, with d = 8 * ((row mod D) / 16) + (row mod 8). q heads
-// are rotated into q_out, k heads rotated and v heads as they are into
-// the FP cache at (fpblock[i], slot[i]) (a row outside the pool or block:
-// skipped), each as nb_cuda_rope_write_kv stores them.
-__device__ __forceinline__ void store_rope(const WqRopeParams &p, int i, int row, float x0, float x1) {
-    const nb_cuda_wq_rope &r = p.rope;
-    const int D = r.lay.head_dim, h = D / 2, hd = row / D, d = ((row % D) >> 4) * 8 + (row & 7);
+// The RoPE epilogues' store (4-bit and row-invariant dense matmuls): dims d
+// and d + D/2 of head hd (q heads, then k heads, then v heads) for x row i,
+// x0 and x1. q heads are rotated into q_out, k heads rotated and v heads as
+// they are into the FP cache at (fpblock[i], slot[i]) (a row outside the
+// pool or block: skipped), each as nb_cuda_rope_write_kv stores them.
+__device__ __forceinline__ void store_rope_pair(const nb_cuda_wq_rope &r, int i, int hd, int d, float x0,
+                                                float x1) {
+    const int D = r.lay.head_dim, h = D / 2;
     const int nq = r.n_heads, nkv = r.lay.n_kv_heads;
     float y0 = x0, y1 = x1;
     if (hd < nq + nkv) {
@@ -333,6 +332,13 @@ __device__ __forceinline__ void store_rope(const WqRopeParams &p, int i, int row
     const size_t o = nb_kv_fp_offset(&r.lay, r.layer, fb, kh, kv, sl);
     nb_ops::store_as(r.fp, r.lay.dtype, o + d, y0);
     nb_ops::store_as(r.fp, r.lay.dtype, o + d + h, y1);
+}
+// The 4-bit epilogue's pair: weight rows row and row + 8 of the RoPE row
+// layout (a 16-row tile's lane pair), dims d and d + D/2 of head row / D
+// with d = 8 * ((row mod D) / 16) + (row mod 8).
+__device__ __forceinline__ void store_rope(const WqRopeParams &p, int i, int row, float x0, float x1) {
+    const int D = p.rope.lay.head_dim;
+    store_rope_pair(p.rope, i, row / D, ((row % D) >> 4) * 8 + (row & 7), x0, x1);
 }
 
 // The paired epilogues' final loop, shared by the tile and decode kernels:
@@ -1508,11 +1514,12 @@ extern "C" int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k) {
     return (dt == NB_DTYPE_F16 || dt == NB_DTYPE_BF16) && k > 0 && k % kDrBK == 0;
 }
 
-// The launch shared by nb_cuda_matmul_dense_ri and its SwiGLU form (sw):
-// arguments checked by the caller but for the workspace.
+// The launch shared by nb_cuda_matmul_dense_ri and its SwiGLU and RoPE
+// forms (epi; rope: the RoPE form's stores): arguments checked by the
+// caller but for the workspace (the RoPE form's partial sums: S >= 1).
 static nb_status dense_ri_run(void *out, nb_dtype out_dt, bool sat, const void *x, const void *w, nb_dtype dt,
                               const void *bias, nb_dtype bias_dt, int n, int m, int k, void *workspace,
-                              size_t workspace_bytes, bool sw, cudaStream_t stream) {
+                              size_t workspace_bytes, int epi, const nb_cuda_wq_rope *rope, cudaStream_t stream) {
     cudaError_t err;
     int dev = 0;
     const int sms = sm_count(&dev, &err);
@@ -1530,16 +1537,20 @@ static nb_status dense_ri_run(void *out, nb_dtype out_dt, bool sat, const void *
     p.k = k;
     p.S = dr_split(m, k, sms);
     p.tiles = (m + kDrBM - 1) / kDrBM;
-    if (p.S > 1) {
+    if (p.S > 1 || epi == kDrRope) {
         if (!workspace || ((uintptr_t)workspace & 15) || workspace_bytes < (size_t)p.S * n * m * sizeof(float))
             return NB_ERR_INVALID_ARG;
         p.part = static_cast<float *>(workspace);
     }
-    if (sw)
-        err = dt == NB_DTYPE_F16 ? launch_dense_ri<__half, true>(p, stream)
-                                 : launch_dense_ri<__nv_bfloat16, true>(p, stream);
+    const bool h = dt == NB_DTYPE_F16;
+    if (epi == kDrSwiglu)
+        err = h ? launch_dense_ri<__half, kDrSwiglu>(p, nullptr, stream)
+                : launch_dense_ri<__nv_bfloat16, kDrSwiglu>(p, nullptr, stream);
+    else if (epi == kDrRope)
+        err = h ? launch_dense_ri<__half, kDrRope>(p, rope, stream)
+                : launch_dense_ri<__nv_bfloat16, kDrRope>(p, rope, stream);
     else
-        err = dt == NB_DTYPE_F16 ? launch_dense_ri<__half>(p, stream) : launch_dense_ri<__nv_bfloat16>(p, stream);
+        err = h ? launch_dense_ri<__half>(p, nullptr, stream) : launch_dense_ri<__nv_bfloat16>(p, nullptr, stream);
     return err == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
 }
 
@@ -1553,8 +1564,8 @@ extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const v
         return NB_ERR_INVALID_ARG;
     if (n == 0 || m == 0) return NB_OK;
     if (!out || !x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) return NB_ERR_INVALID_ARG;
-    return dense_ri_run(out, out_dt, false, x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes, false,
-                        stream);
+    return dense_ri_run(out, out_dt, false, x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes, kDrPlain,
+                        nullptr, stream);
 }
 
 extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu(void *out, nb_dtype out_dt, int sat, const void *x,
@@ -1570,5 +1581,34 @@ extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu(void *out, nb_dtype out_dt, 
     const uintptr_t x0 = (uintptr_t)x, x1 = x0 + (size_t)n * k * nb_dtype_size(dt);
     if (o0 < x1 && x0 < o1) return NB_ERR_INVALID_ARG;
     return dense_ri_run(out, out_dt, sat != 0, x, w, dt, NULL, NB_DTYPE_F32, n, m, k, workspace, workspace_bytes,
-                        true, stream);
+                        kDrSwiglu, nullptr, stream);
+}
+
+extern "C" size_t nb_cuda_matmul_dense_ri_rope_workspace_bytes(int n, int m, int k) {
+    const int S = nb_cuda_matmul_dense_ri_split(m, k);
+    return n > 0 && m > 0 && S > 0 ? (size_t)S * n * m * sizeof(float) : 0;
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_rope(const void *x, const void *w, nb_dtype dt, const void *bias,
+                                                  nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                                  size_t workspace_bytes, const nb_cuda_wq_rope *r,
+                                                  cudaStream_t stream) {
+    if (n < 0 || m < 0 || !r || !nb_cuda_matmul_dense_ri_supported(dt, k) || (bias && !io_dtype_ok(bias_dt)))
+        return NB_ERR_INVALID_ARG;
+    const nb_kv_layout &L = r->lay;
+    const int D = L.head_dim;
+    if (r->n_heads < 1 || L.n_kv_heads < 1 || D < 16 || D % 16 || m != (r->n_heads + 2 * L.n_kv_heads) * D ||
+        !nb_kv_layout_valid(&L) || r->layer < 0 || r->layer >= L.n_layers)
+        return NB_ERR_INVALID_ARG;
+    if (n == 0) return NB_OK;
+    if (!x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15) || !r->q_out || !r->cs || !r->fp || !r->fpblock ||
+        !r->slot || ((uintptr_t)r->cs & 7u) != 0)
+        return NB_ERR_INVALID_ARG;
+    // NOTE: the reduction reads the workspace while it stores q: q_out
+    // must not overlap it.
+    const uintptr_t o0 = (uintptr_t)r->q_out, o1 = o0 + (size_t)n * r->n_heads * D * sizeof(float);
+    const uintptr_t w0 = (uintptr_t)workspace, w1 = w0 + workspace_bytes;
+    if (workspace && o0 < w1 && w0 < o1) return NB_ERR_INVALID_ARG;
+    return dense_ri_run(nullptr, NB_DTYPE_F32, false, x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes,
+                        kDrRope, r, stream);
 }

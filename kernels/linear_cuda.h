@@ -300,6 +300,27 @@ nb_status nb_cuda_matmul_dense_ri_swiglu(void *out /*[n][m/2] out_dt*/, nb_dtype
                                          const void *x /*[n][k] dt*/, const void *w /*[m][k] dt, swiglu rows*/,
                                          nb_dtype dt, int n, int m, int k, void *workspace,
                                          size_t workspace_bytes, cudaStream_t stream);
+// The q|k|v projection, RoPE and the KV write in one row-invariant pass, as
+// nb_cuda_matmul_wq_rope is for the 4-bit copy, but on the stacked q|k|v
+// matrix in the model's row order (m = (n_heads + 2 n_kv_heads) D, D % 16
+// == 0; bias [m] or NULL): the matmul stores its k-split partial sums (S >=
+// 1) and its reduction kernel sums each pair of dims (d, d + D/2) in split
+// order, adds the bias, and stores them as nb_cuda_rope_write_kv does with
+// the f32 outputs of nb_cuda_matmul_dense_ri (r: nb_cuda_matmul_wq_rope's
+// stores, the rotation's (cos, sin) from r->cs, nb_cuda_rope_table's
+// table). So the same bits, without the f32 q|k|v rows in memory or the
+// RoPE launch. workspace: nb_cuda_matmul_dense_ri_rope_workspace_bytes(n,
+// m, k) bytes (also when S == 1), not overlapping r->q_out. Returns NB_OK;
+// NB_ERR_INVALID_ARG (as nb_cuda_matmul_dense_ri, a shape or layout that
+// does not match r, a missing or too small workspace, NULL pointers);
+// NB_ERR_BACKEND.
+nb_status nb_cuda_matmul_dense_ri_rope(const void *x /*[n][k] dt*/, const void *w /*[m][k] dt*/, nb_dtype dt,
+                                       const void *bias /*[m] bias_dt, or NULL*/, nb_dtype bias_dt, int n, int m,
+                                       int k, void *workspace, size_t workspace_bytes, const nb_cuda_wq_rope *r,
+                                       cudaStream_t stream);
+// Workspace bytes of nb_cuda_matmul_dense_ri_rope for n rows (0 if the shape
+// is unsupported).
+size_t nb_cuda_matmul_dense_ri_rope_workspace_bytes(int n, int m, int k);
 // 1 when nb_cuda_matmul_dense_ri takes this dtype and k, else 0.
 int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k);
 // Workspace bytes for n rows of an [m][k] matrix (0 when S == 1 or the

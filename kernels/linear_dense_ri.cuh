@@ -27,7 +27,14 @@
 // chunk c ^ (r & 7), so the ldmatrix reads of 8 rows hit 8 different bank
 // groups.
 //
-// The SwiGLU form (SW, nb_cuda_matmul_dense_ri_swiglu): w is gate|up in
+// The RoPE form (kDrRope, nb_cuda_matmul_dense_ri_rope): w is q|k|v in
+// the model's order; the matmul always stores its partial sums (S = 1
+// too), and the reduction kernel sums dims d and d + D/2 of a head in
+// split order and stores them as nb_cuda_rope_write_kv would: q rotated
+// into the attention's input, k rotated and v into the FP cache. The bits
+// of the plain form's f32 outputs followed by the RoPE + KV write kernel.
+//
+// The SwiGLU form (kDrSwiglu, nb_cuda_matmul_dense_ri_swiglu): w is gate|up in
 // the SwiGLU row layout (16-row tile t: gate rows 8t..8t+7, then up rows
 // 8t..8t+7), so a thread's accumulators for rows g and g + 8 of its warp's
 // tile are a gate output and its up output. With S == 1 the thread stores
@@ -47,6 +54,7 @@ constexpr int kDrBK = 64;        // k per ring stage: 128 bytes of a row
 constexpr int kDrMinSteps = 4;   // k steps of a split at least (256 of k)
 constexpr int kDrMaxSplit = 8;   // k splits at most
 constexpr int kDrRows = 64;      // x rows per block at most (NX = 8)
+enum { kDrPlain = 0, kDrSwiglu = 1, kDrRope = 2 }; // the forms' epilogues
 
 struct DrParams {
     void *out;           // [n][m] out_dt
@@ -77,8 +85,9 @@ __device__ __forceinline__ uint32_t dr_sw(int r, int c) { return (uint32_t)(r * 
 
 // Grid: (tiles * S, ceil(n / (8 NX))); block: kThreads; dynamic shared
 // memory dr_smem_bytes<NX>(). Needs k % 64 == 0, 16-byte aligned x and w
-// (SW: m % 16 == 0, no bias; out is [n][m/2]).
-template <typename T, int NX, bool SW>
+// (kDrSwiglu: m % 16 == 0, no bias; out is [n][m/2]. kDrRope: partial
+// sums whatever S).
+template <typename T, int NX, int EPI>
 __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p) {
     extern __shared__ __align__(128) unsigned char dr_smem[];
     constexpr int XR = 8 * NX;               // x rows per block
@@ -178,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
     cp_wait<0>();
 
     // acc[nx][i]: weight row m0 + 16 warp + g + 8 (i / 2), x row n0 + 8 nx + 2t + i % 2.
-    if constexpr (SW) {
+    if constexpr (EPI == kDrSwiglu) {
         if (p.S == 1) { // gate row (i < 2) and its up row (i + 2): output 8 (tile) + g
             const int row = m0 + warp * 16 + g;
 #pragma unroll
@@ -199,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
         for (int i = 0; i < 4; i++) {
             const int row = m0 + warp * 16 + g + 8 * (i >> 1), xr = n0 + nx * 8 + 2 * t + (i & 1);
             if (row < p.m && xr < p.n) {
-                if (p.S > 1) {
+                if (p.S > 1 || EPI == kDrRope) {
                     __stcg(p.part + ((size_t)s * p.n + xr) * p.m + row, acc[nx][i]);
                 } else {
                     float v = acc[nx][i];
@@ -281,6 +290,44 @@ __global__ void __launch_bounds__(256) dense_ri_reduce_swiglu_kernel(const DrPar
     for (int w = 0; w < 4; w++) swiglu_store(p.out, p.out_dt, p.sat, e + w, g[w], u[w]);
 }
 
+// The RoPE form's reduction: for x row i, head hd and dims d..d+3 (D/2 %
+// 4 == 0), the sums of columns hd D + d.. and that + D/2 (+ bias, as the
+// plain reduction adds it), stored as store_rope_pair stores a pair.
+__global__ void __launch_bounds__(256) dense_ri_reduce_rope_kernel(const DrParams p, const nb_cuda_wq_rope r) {
+    nb_pdl::trigger();
+    nb_pdl::wait();
+    const int D = r.lay.head_dim, h = D / 2, hp = h / 4;  // 4-dim groups per head half
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t per_row = (size_t)(p.m / D) * hp, stride = (size_t)p.n * p.m;
+    if (e >= (size_t)p.n * per_row) return;
+    const int i = (int)(e / per_row), q = (int)(e % per_row), hd = q / hp, d = (q % hp) * 4;
+    const size_t c0 = (size_t)i * p.m + (size_t)hd * D + d, c1 = c0 + h;
+    float4 a[kDrMaxSplit], b[kDrMaxSplit];
+#pragma unroll
+    for (int s = 0; s < kDrMaxSplit; s++)
+        if (s < p.S) {
+            a[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + c0));
+            b[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + c1));
+        }
+    float x0[4] = {a[0].x, a[0].y, a[0].z, a[0].w}, x1[4] = {b[0].x, b[0].y, b[0].z, b[0].w};
+#pragma unroll
+    for (int s = 1; s < kDrMaxSplit; s++)
+        if (s < p.S) {
+            x0[0] += a[s].x, x0[1] += a[s].y, x0[2] += a[s].z, x0[3] += a[s].w;
+            x1[0] += b[s].x, x1[1] += b[s].y, x1[2] += b[s].z, x1[3] += b[s].w;
+        }
+    const int row0 = hd * D + d;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        float v0 = x0[w], v1 = x1[w];
+        if (p.bias) {
+            v0 += load_any(p.bias, p.bias_dt, row0 + w);
+            v1 += load_any(p.bias, p.bias_dt, row0 + w + h);
+        }
+        store_rope_pair(r, i, hd, d + w, v0, v1);
+    }
+}
+
 int g_dr_split = 0;  // forced k splits (tests, benchmarks); 0: the built-in plan
 
 // The k splits of an [m][k] matrix: enough blocks for two per SM (the
@@ -301,9 +348,9 @@ int dr_split(int m, int k, int sms) {
     return S < 1 ? 1 : S;
 }
 
-template <typename T, int NX, bool SW>
-cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
-    constexpr auto kern = dense_ri_kernel<T, NX, SW>;
+template <typename T, int NX, int EPI>
+cudaError_t launch_dense_ri_k(const DrParams &p, const nb_cuda_wq_rope *rope, cudaStream_t stream) {
+    constexpr auto kern = dense_ri_kernel<T, NX, EPI>;
     static bool attr_set[kMaxDev];
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -316,8 +363,14 @@ cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
     const bool pdl = pdl_on();
     err = nb_pdl::launch(kern, dim3((unsigned)(p.tiles * p.S), (unsigned)((p.n + 8 * NX - 1) / (8 * NX))),
                          dim3(kThreads), dr_smem_bytes<NX>(), stream, pdl, p);
-    if (err != cudaSuccess || p.S == 1) return err;
-    if constexpr (SW) {
+    if (err != cudaSuccess) return err;
+    if constexpr (EPI == kDrRope) {
+        const size_t threads = (size_t)p.n * (p.m / 8);
+        return nb_pdl::launch(dense_ri_reduce_rope_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0,
+                              stream, pdl, p, *rope);
+    }
+    if (p.S == 1) return err;
+    if constexpr (EPI == kDrSwiglu) {
         const size_t threads = (size_t)p.n * (p.m / 2) / 4;
         return nb_pdl::launch(dense_ri_reduce_swiglu_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0,
                               stream, pdl, p);
@@ -329,9 +382,11 @@ cudaError_t launch_dense_ri_k(const DrParams &p, cudaStream_t stream) {
               : nb_pdl::launch(dense_ri_reduce_kernel<false>, grid, dim3(256), 0, stream, pdl, p);
 }
 
-template <typename T, bool SW = false> cudaError_t launch_dense_ri(const DrParams &p, cudaStream_t stream) {
-    if (p.n <= 8) return launch_dense_ri_k<T, 1, SW>(p, stream);
-    if (p.n <= 16) return launch_dense_ri_k<T, 2, SW>(p, stream);
-    if (p.n <= 32) return launch_dense_ri_k<T, 4, SW>(p, stream);
-    return launch_dense_ri_k<T, 8, SW>(p, stream);
+// rope: the RoPE form's stores (EPI == kDrRope), else NULL.
+template <typename T, int EPI = kDrPlain>
+cudaError_t launch_dense_ri(const DrParams &p, const nb_cuda_wq_rope *rope, cudaStream_t stream) {
+    if (p.n <= 8) return launch_dense_ri_k<T, 1, EPI>(p, rope, stream);
+    if (p.n <= 16) return launch_dense_ri_k<T, 2, EPI>(p, rope, stream);
+    if (p.n <= 32) return launch_dense_ri_k<T, 4, EPI>(p, rope, stream);
+    return launch_dense_ri_k<T, 8, EPI>(p, rope, stream);
 }

@@ -170,5 +170,9 @@ int nb_backend_cuda_rope_layers(const nb_backend *be);
 // SwiGLU in one launch per layer of the target's step passes;
 // backend_cuda.c's dense_swiglu_stage).
 int nb_backend_cuda_dense_swiglu_layers(const nb_backend *be);
+// The layers whose dense q|k|v takes RoPE and the KV write in its
+// row-invariant matmul's reduction (backend_cuda.c's dense_rope_stage: the
+// target's step passes); the same answer for every layer.
+int nb_backend_cuda_dense_rope_layers(const nb_backend *be);
 
 #endif // NB_BACKEND_H

@@ -173,9 +173,11 @@ typedef struct cuda_backend {
     const void *embd, *out_norm;
     nb_dtype embd_dt, out_norm_dt;
     float *inv_freq; // device [D/2]
-    float *rope_cs;  // device [Rp][D/2][2]: a pass's RoPE (cos, sin) (nb_cuda_rope_table), when some
-                     // layer's q|k|v is in the RoPE layout (the first: rope_layer); else NULL
+    float *rope_cs;  // device [Rp][D/2][2]: a pass's RoPE (cos, sin) (nb_cuda_rope_table), filled
+                     // when a layer of the pass takes rope_stage or dense_rope_stage; else NULL
     int rope_layer;  // the first layer whose q|k|v is in the RoPE layout, or -1
+    bool drope;      // step passes on the dense q|k|v take RoPE + KV write in its reduction
+                     // (dense_rope_stage; the table then too)
     nb_kv_layout lay;
     nb_kv_pools pools; // device
     // every device allocation, freed at destroy; counting only (dry run) when plan_only
@@ -935,6 +937,33 @@ static nb_status swiglu_stage(cuda_backend *be, const void *x, int n, const dlin
     return NB_OK;
 }
 
+// The dense q|k|v projection, RoPE and KV write as one row-invariant matmul
+// (be->drope): q into be->q, k and v into the FP blocks, as lin_run +
+// nb_cuda_rope_write_kv would store them (nb_cuda_matmul_dense_ri_rope),
+// with the pass's (cos, sin) table be->rope_cs, in RI_SLICE-row calls as
+// lin_run makes them. The caller checked dense_rope_takes().
+static nb_status dense_rope_stage(cuda_backend *be, const void *x, int n, const dlin *L, int layer,
+                                  const int32_t *fpblock, const int32_t *slot) {
+    const nb_model_config *mc = be->mc;
+    const int D = mc->head_dim, Hq = mc->n_heads * D;
+    const size_t xrow = (size_t)L->k * nb_dtype_size(be->adt);
+    for (int r = 0; r < n; r += RI_SLICE) {
+        const int rows = n - r < RI_SLICE ? n - r : RI_SLICE;
+        const nb_cuda_wq_rope rp = {be->q + (size_t)r * Hq, be->rope_cs + (size_t)r * D, be->pools.fp, fpblock + r,
+                                    slot + r,                be->lay,                      layer,        mc->n_heads};
+        nb_status st = nb_cuda_matmul_dense_ri_rope((const uint8_t *)x + (size_t)r * xrow, L->w, be->adt, L->bias,
+                                                    L->bias_dt, rows, L->m, L->k, be->ri_ws, be->ri_ws_bytes, &rp,
+                                                    be->stream);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
+// Whether a pass in this mode takes dense_rope_stage for layer L.
+static bool dense_rope_takes(const cuda_backend *be, const dlayer *L, nb_fwd_mode mode, bool step) {
+    return step && be->drope && path_of(be, &L->qkv, mode) == LIN_DENSE && ri_takes(be, &L->qkv);
+}
+
 // The target's gate|up projection and SwiGLU as one row-invariant matmul
 // (the dense copy in the SwiGLU layout, dlin.dswiglu), writing the dense
 // down projection's input (be->adt) as silu_stage would convert it, with
@@ -992,8 +1021,12 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
     CK(nb_cuda_embed(be->x, be->embd, be->embd_dt, d_tok, R, H, V, S), "embedding");
     // The rows' RoPE (cos, sin), once for every layer whose q|k|v takes the
     // RoPE epilogue in this pass.
-    if (be->rope_cs && path_of(be, &be->layers[be->rope_layer].qkv, mode) == LIN_Q4)
-        CK(nb_cuda_rope_table(be->rope_cs, d_pos, R, D, be->inv_freq, S), "rope table");
+    bool table = false;
+    for (int l = 0; l < mc->n_layers && !table; l++) {
+        const dlayer *L = &be->layers[l];
+        table = (be->fqkv && L->qkv.rope && path_of(be, &L->qkv, mode) == LIN_Q4) || dense_rope_takes(be, L, mode, step);
+    }
+    if (table) CK(nb_cuda_rope_table(be->rope_cs, d_pos, R, D, be->inv_freq, S), "rope table");
     const int Hkv = mc->n_kv_heads * D, W = Hq + 2 * Hkv;
     for (int l = 0; l < mc->n_layers; l++) {
         const dlayer *L = &be->layers[l];
@@ -1006,6 +1039,8 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
            "rmsnorm");
         if (be->fqkv && L->qkv.rope && path_of(be, &L->qkv, mode) == LIN_Q4) {
             CK(rope_stage(be, xq, R, &L->qkv, l, d_kvb, d_kvs, step), "qkv projection + rope + kv write");
+        } else if (dense_rope_takes(be, L, mode, step)) {
+            CK(dense_rope_stage(be, xd, R, &L->qkv, l, d_kvb, d_kvs), "qkv projection + rope + kv write");
         } else if (be->fqkv) {
             CK(lin_run(be, be->qkv, xd, xq, R, &L->qkv, mode, step), "qkv projection");
             CK(nb_cuda_rope_write_kv(be->q, be->qkv, W, be->qkv + Hq, be->qkv + Hq + Hkv, W, d_pos, R,
@@ -1552,6 +1587,21 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     free(inv_freq_h);
     if (st != NB_OK) return st;
 
+    // Step-mode dense layers on the row-invariant matmul (NB_DENSE_RI=0:
+    // cuBLAS slices), and the dense q|k|v with RoPE + KV write in its
+    // reduction where every layer's dense copy and the cache's heads allow
+    // it (NB_DENSE_ROPE=0: the separate kernel; the same bits either way).
+    be->ri_on = (be->adt == NB_DTYPE_F16 || be->adt == NB_DTYPE_BF16) && !env_off("NB_DENSE_RI");
+    be->drope = be->ri_on && be->fqkv && !env_off("NB_DENSE_ROPE") && be->lay.head_dim == D && D % 16 == 0 &&
+                be->lay.n_kv_heads == mc->n_kv_heads;
+    for (int l = 0; be->drope && l < mc->n_layers; l++) {
+        const dlin *q = &be->layers[l].qkv;
+        // NOTE: a dry run has no pointers; it counts the table and workspace
+        // whenever the shapes allow (the plan may only exceed the real run).
+        be->drope = (be->plan_only || (q->w && ((uintptr_t)q->w & 15) == 0)) &&
+                    nb_cuda_matmul_dense_ri_supported(be->adt, q->k) && q->m == (mc->n_heads + 2 * mc->n_kv_heads) * D;
+    }
+
     // Activations, rows padded to the step slice.
     be->Rp = (cfg->max_rows + STEP_SLICE - 1) / STEP_SLICE * STEP_SLICE;
     int lr = cfg->max_logit_rows > 0 ? cfg->max_logit_rows : cfg->max_rows;
@@ -1575,7 +1625,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
                 {&be->tmp, Rp * H},
                 {&be->xl, LRp * H},
                 {&be->logits, LRp * V},
-                {&be->rope_cs, be->rope_layer >= 0 ? Rp * D : 0}};
+                {&be->rope_cs, be->rope_layer >= 0 || be->drope ? Rp * D : 0}};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i].n && (st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len)))
             return st;
@@ -1584,10 +1634,9 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         return st;
 
     // The row-invariant dense matmul's workspace: the largest any dense
-    // layer needs for RI_SLICE rows (its k-split partial sums).
+    // layer needs for RI_SLICE rows (its k-split partial sums; the RoPE
+    // form's also where S == 1).
     {
-        const char *e = getenv("NB_DENSE_RI");
-        be->ri_on = (be->adt == NB_DTYPE_F16 || be->adt == NB_DTYPE_BF16) && !(e && e[0] == '0');
         const int rmax = be->Rp > be->LRp ? be->Rp : be->LRp; // layer rows or LM-head rows
         const int rn = rmax < RI_SLICE ? rmax : RI_SLICE;
         size_t rw = 0;
@@ -1598,7 +1647,9 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
                                  dl ? &dl->down : NULL, dl ? &dl->qkv : NULL, dl ? &dl->gu : NULL};
             for (int i = 0; i < 9; i++)
                 if (ls[i] && ls[i]->m > 0 && nb_cuda_matmul_dense_ri_supported(be->adt, ls[i]->k)) {
-                    const size_t b = nb_cuda_matmul_dense_ri_workspace_bytes(rn, ls[i]->m, ls[i]->k);
+                    const size_t b = i == 7 && be->drope
+                                         ? nb_cuda_matmul_dense_ri_rope_workspace_bytes(rn, ls[i]->m, ls[i]->k)
+                                         : nb_cuda_matmul_dense_ri_workspace_bytes(rn, ls[i]->m, ls[i]->k);
                     if (b > rw) rw = b;
                 }
         }
@@ -1799,17 +1850,19 @@ nb_status nb_backend_cuda_pools(const nb_backend *base, nb_kv_pools *pools) {
 }
 
 // Layers whose gate|up or q|k|v copy of this kind has its rows moved for a
-// fused epilogue; -1 for another backend.
-typedef enum { MOVED_SWIGLU, MOVED_ROPE, MOVED_DENSE_SWIGLU } moved_kind;
+// fused epilogue (DENSE_ROPE: whose dense q|k|v takes dense_rope_stage); -1
+// for another backend.
+typedef enum { MOVED_SWIGLU, MOVED_ROPE, MOVED_DENSE_SWIGLU, DENSE_ROPE } moved_kind;
 static int moved_layers(const nb_backend *base, moved_kind kind) {
     if (!base || base->ops != &cuda_ops) return -1;
     const cuda_backend *be = (const cuda_backend *)base;
     int n = 0;
     for (int l = 0; l < be->mc->n_layers; l++) {
         const dlayer *L = &be->layers[l];
-        n += kind == MOVED_ROPE     ? be->fqkv && L->qkv.rope
-             : kind == MOVED_SWIGLU ? be->fgu && L->gu.swiglu
-                                    : be->fgu && L->gu.dswiglu;
+        n += kind == MOVED_ROPE           ? be->fqkv && L->qkv.rope
+             : kind == MOVED_SWIGLU       ? be->fgu && L->gu.swiglu
+             : kind == MOVED_DENSE_SWIGLU ? be->fgu && L->gu.dswiglu
+                                          : be->drope;
     }
     return n;
 }
@@ -1819,3 +1872,5 @@ int nb_backend_cuda_swiglu_layers(const nb_backend *base) { return moved_layers(
 int nb_backend_cuda_rope_layers(const nb_backend *base) { return moved_layers(base, MOVED_ROPE); }
 
 int nb_backend_cuda_dense_swiglu_layers(const nb_backend *base) { return moved_layers(base, MOVED_DENSE_SWIGLU); }
+
+int nb_backend_cuda_dense_rope_layers(const nb_backend *base) { return moved_layers(base, DENSE_ROPE); }

@@ -198,10 +198,12 @@ int main(int argc, char **argv) {
         }
         printf("# %s-cache engine ready in %.1f s; the draft's gate|up in the SwiGLU layout in %d of %d layers "
                "(NB_WQ_SWIGLU=0: none), q|k|v in the RoPE layout in %d (NB_WQ_ROPE=0: none); the target's dense "
-               "gate|up in the SwiGLU layout in %d (NB_DENSE_SWIGLU=0: none)\n",
+               "gate|up in the SwiGLU layout in %d (NB_DENSE_SWIGLU=0: none), RoPE in its q|k|v's reduction in %d "
+               "(NB_DENSE_ROPE=0: none)\n",
                kind ? "hierarchical" : "f16", now_s() - t0, nb_backend_cuda_swiglu_layers(nb_engine_backend(e)),
                mc->n_layers, nb_backend_cuda_rope_layers(nb_engine_backend(e)),
-               nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(e)));
+               nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(e)),
+               nb_backend_cuda_dense_rope_layers(nb_engine_backend(e)));
         fflush(stdout);
         for (int bi = 0; bi < n_b; bi++)
             for (int ci = 0; ci < n_ctx; ci++) {

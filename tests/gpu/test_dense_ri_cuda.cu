@@ -22,7 +22,8 @@
 //     missing or too small workspace;
 //   - the SwiGLU form (nb_cuda_matmul_dense_ri_swiglu) byte for byte
 //     against the plain form + nb_cuda_silu_mul_cvt (check_swiglu), and
-//     its refusals.
+//     the RoPE form (nb_cuda_matmul_dense_ri_rope) against the plain form +
+//     nb_cuda_rope_write_kv (check_rope), with their refusals.
 // Exits 77 (skipped) when no CUDA device is present.
 #include <math.h>
 #include <stdint.h>
@@ -436,6 +437,137 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split) {
     nb_cuda_matmul_dense_ri_set_split(0);
 }
 
+// The RoPE form (nb_cuda_matmul_dense_ri_rope) on model-order q|k|v
+// against the plain form (f32 rows) + nb_cuda_rope_write_kv: q and every
+// byte of the FP pool (poisoned alike; the last row of a call of several
+// has its block outside the pool), with and without a bias, for the k
+// splits given (S == 1 included: the form then still goes through its
+// reduction) and n = 1..64. The (cos, sin) table is nb_cuda_rope_table's
+// (held to cosf/sinf in test_linear_cuda).
+static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt, int split) {
+    nb_cuda_matmul_dense_ri_set_split(split);
+    const int Hq = nh * D, Hkv = nkv * D, m = Hq + 2 * Hkv, nmax = 64;
+    const size_t es = nb_dtype_size(dt), mk = (size_t)m * k, nk = (size_t)nmax * k;
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *x = (uint16_t *)malloc(nk * 2), *bias = (uint16_t *)malloc(m * 2);
+    for (size_t e = 0; e < mk; e++) nb_store_f32(w, dt, e, (float)((urand() * 2.0 - 1.0) * 0.05));
+    for (size_t e = 0; e < nk; e++) nb_store_f32(x, dt, e, (float)((urand() * 2.0 - 1.0) * 2.0));
+    for (int j = 0; j < m; j++) nb_store_f32(bias, NB_DTYPE_BF16, j, (float)(urand() * 2.0 - 1.0));
+    const nb_kv_layout lay = {2, nkv, D, 16, cdt, 0, 6};
+    const int layer = 1, slots = lay.n_fpblocks * lay.group_size;
+    CHECK(nmax <= slots);
+    int32_t fb[64], sl[64], pos[64], perm[96];
+    for (int i = 0; i < slots; i++) perm[i] = i;
+    for (int i = slots - 1; i > 0; i--) {
+        const int j = (int)(urand() * (i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int i = 0; i < nmax; i++) fb[i] = perm[i] / 16, sl[i] = perm[i] % 16, pos[i] = (int32_t)(urand() * 131072);
+    const int32_t out_of_pool = lay.n_fpblocks;
+    float inv[256];
+    CHECK(D / 2 <= 256 && nb_ref_rope_inv_freq(inv, D, 500000.0f, NULL) == NB_OK);
+    const size_t pool_bytes = nb_kv_fp_bytes(&lay), qb = (size_t)nmax * Hq * 4;
+    void *d_w, *d_x, *d_bias, *d_inv, *d_cs, *d_qkv, *d_qa, *d_qf, *d_pa, *d_pf, *d_ws = NULL;
+    int32_t *d_fb, *d_sl, *d_pos;
+    CUDA_OK(cudaMalloc(&d_w, mk * es));
+    CUDA_OK(cudaMalloc(&d_x, nk * es));
+    CUDA_OK(cudaMalloc(&d_bias, (size_t)m * 2));
+    CUDA_OK(cudaMalloc(&d_inv, sizeof(float) * D / 2));
+    CUDA_OK(cudaMalloc(&d_cs, sizeof(float) * nmax * D));
+    CUDA_OK(cudaMalloc(&d_qkv, (size_t)nmax * m * 4));
+    CUDA_OK(cudaMalloc(&d_qa, qb));
+    CUDA_OK(cudaMalloc(&d_qf, qb));
+    CUDA_OK(cudaMalloc(&d_pa, pool_bytes));
+    CUDA_OK(cudaMalloc(&d_pf, pool_bytes));
+    CUDA_OK(cudaMalloc(&d_fb, 4 * nmax));
+    CUDA_OK(cudaMalloc(&d_sl, 4 * nmax));
+    CUDA_OK(cudaMalloc(&d_pos, 4 * nmax));
+    CUDA_OK(cudaMemcpy(d_w, w, mk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_x, x, nk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_bias, bias, (size_t)m * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_inv, inv, sizeof(float) * D / 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_sl, sl, 4 * nmax, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_pos, pos, 4 * nmax, cudaMemcpyHostToDevice));
+    CHECK(nb_cuda_rope_table((float *)d_cs, d_pos, nmax, D, (const float *)d_inv, 0) == NB_OK);
+    const size_t ws = nb_cuda_matmul_dense_ri_rope_workspace_bytes(nmax, m, k);
+    const int S = nb_cuda_matmul_dense_ri_split(m, k);
+    CHECKF(ws == (size_t)S * nmax * m * 4, "rope workspace %zu bytes for S=%d", ws, S);
+    CUDA_OK(cudaMalloc(&d_ws, ws));
+    CUDA_OK(cudaMemset(d_ws, 0xff, ws));
+    uint8_t *ha = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
+    uint8_t *hf = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
+    const int ns[] = {1, 2, 5, 8, 9, 17, 40, 64};
+    long checked = 0;
+    for (int wb = 0; wb < 2; wb++)
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const int n = ns[in];
+            const void *b = wb ? d_bias : NULL;
+            CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
+            if (n > 1) CUDA_OK(cudaMemcpy(d_fb + (n - 1), &out_of_pool, 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(d_qa, 0xff, qb));
+            CUDA_OK(cudaMemset(d_qf, 0xff, qb));
+            CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
+            CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
+            CHECK(nb_cuda_matmul_dense_ri(d_qkv, NB_DTYPE_F32, d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, 0) ==
+                  NB_OK);
+            const float *qkv = (const float *)d_qkv;
+            CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
+                                        (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
+            const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+            const nb_status st = nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, &rp, 0);
+            CHECKF(st == NB_OK, "dense_ri_rope: %s", nb_status_str(st));
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(ha, d_qa, qb, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hf, d_qf, qb, cudaMemcpyDeviceToHost));
+            const bool q_same = memcmp(ha, hf, qb) == 0;
+            CUDA_OK(cudaMemcpy(ha, d_pa, pool_bytes, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hf, d_pf, pool_bytes, cudaMemcpyDeviceToHost));
+            long diff = 0, written = 0;
+            for (size_t e = 0; e < pool_bytes; e++) diff += ha[e] != hf[e], written += ha[e] != 0xa5;
+            CHECKF(q_same && diff == 0 && written > 0,
+                   "rope %s nh=%d nkv=%d D=%d k=%d S=%d cache=%s n=%d bias=%d: differs from matmul + RoPE/KV write "
+                   "(q %s, %ld pool bytes differ, %ld written)",
+                   nb_dtype_name(dt), nh, nkv, D, k, S, nb_dtype_name(cdt), n, wb, q_same ? "same" : "differs", diff,
+                   written);
+            checked += (long)n * m;
+        }
+    printf("  rope %-4s nh=%d nkv=%d D=%d k=%d S=%d cache=%s: %ld q|k|v outputs stored as matmul + RoPE/KV write\n",
+           nb_dtype_name(dt), nh, nkv, D, k, S, nb_dtype_name(cdt), checked);
+    // Refusals.
+    nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m - D, k, d_ws, ws, &rp, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, NULL, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 2, m, k, d_ws, (size_t)S * m * 4, &rp,
+                                       0) == NB_ERR_INVALID_ARG); // the workspace holds one row
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, NULL, 0, &rp, 0) ==
+          NB_ERR_INVALID_ARG);
+    rp.layer = 2;
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &rp, 0) ==
+          NB_ERR_INVALID_ARG);
+    rp.layer = layer;
+    rp.cs = (const float *)d_cs + 1;
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &rp, 0) ==
+          NB_ERR_INVALID_ARG);
+    rp.cs = (const float *)d_cs;
+    rp.q_out = (float *)d_ws; // overlapping the partial sums it reads
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &rp, 0) ==
+          NB_ERR_INVALID_ARG);
+    rp.q_out = (float *)d_qf;
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, NB_DTYPE_F32, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &rp, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 0, m, k, NULL, 0, &rp, 0) == NB_OK);
+    CUDA_OK(cudaDeviceSynchronize());
+    void *dfree[] = {d_w, d_x, d_bias, d_inv, d_cs, d_qkv, d_qa, d_qf, d_pa, d_pf, d_ws, d_fb, d_sl, d_pos};
+    for (void *d : dfree) CUDA_OK(cudaFree(d));
+    free(w);
+    free(x);
+    free(bias);
+    free(ha);
+    free(hf);
+    nb_cuda_matmul_dense_ri_set_split(0);
+}
+
 // The SwiGLU form's refusals.
 static void check_swiglu_errors(void) {
     const int I = 64, k = 256, m = 2 * I, n = 4;
@@ -510,5 +642,9 @@ int main(void) {
     check_swiglu(NB_DTYPE_BF16, 520, 1408, 1);
     check_swiglu(NB_DTYPE_F16, 64, 512, 8);   // one row block, 8 splits
     check_swiglu_errors();
+    check_rope(NB_DTYPE_BF16, 32, 8, 128, 4096, NB_DTYPE_BF16, 0); // Llama-3-8B q|k|v: the built-in plan (S = 5)
+    check_rope(NB_DTYPE_F16, 32, 8, 128, 4096, NB_DTYPE_F16, 1);   // S = 1: through the reduction all the same
+    check_rope(NB_DTYPE_BF16, 4, 2, 128, 512, NB_DTYPE_F32, 0);    // the proxy model's shape
+    check_rope(NB_DTYPE_F16, 8, 2, 64, 256, NB_DTYPE_F16, 3);
     return nb_test_finish("test_dense_ri_cuda");
 }

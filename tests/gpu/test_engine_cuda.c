@@ -198,23 +198,31 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
     CHECK(nb_backend_cuda_swiglu_layers(nb_engine_backend(ec)) == -1 &&
           nb_backend_cuda_rope_layers(nb_engine_backend(ec)) == -1); // not the cuda backend
     // The target's dense gate|up in the SwiGLU layout likewise
-    // (NB_DENSE_SWIGLU=0: model order): the same target logits, one row at
-    // a time (step passes: nb_cuda_matmul_dense_ri_swiglu) and in 128-row
-    // chunks (prefill: cuBLAS on the moved rows, nb_cuda_silu_mul_cvt_moved).
-    CHECKF(nb_backend_cuda_dense_swiglu_layers(bg) == n_layers, "the dense gate|up moved in %d of %d layers",
-           nb_backend_cuda_dense_swiglu_layers(bg), n_layers);
-    CHECK(nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(ec)) == -1);
+    // (NB_DENSE_SWIGLU=0: model order), and its q|k|v with RoPE + KV write
+    // in the row-invariant matmul's reduction (NB_DENSE_ROPE=0: the
+    // separate kernel): the same target logits, one row at a time (step
+    // passes: nb_cuda_matmul_dense_ri_swiglu, nb_cuda_matmul_dense_ri_rope)
+    // and in 128-row chunks (prefill: cuBLAS on the moved rows,
+    // nb_cuda_silu_mul_cvt_moved).
+    CHECKF(nb_backend_cuda_dense_swiglu_layers(bg) == n_layers && nb_backend_cuda_dense_rope_layers(bg) == n_layers,
+           "the dense gate|up moved in %d of %d layers, RoPE in the dense q|k|v's reduction in %d",
+           nb_backend_cuda_dense_swiglu_layers(bg), n_layers, nb_backend_cuda_dense_rope_layers(bg));
+    CHECK(nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(ec)) == -1 &&
+          nb_backend_cuda_dense_rope_layers(nb_engine_backend(ec)) == -1);
     setenv("NB_WQ_SWIGLU", "0", 1);
     setenv("NB_WQ_ROPE", "0", 1);
     setenv("NB_DENSE_SWIGLU", "0", 1);
+    setenv("NB_DENSE_ROPE", "0", 1);
     nb_engine *eu = make_engine(m, "cuda", true, 128, -1, NB_TARGET_WEIGHTS_MODEL, err);
     unsetenv("NB_WQ_SWIGLU");
     unsetenv("NB_WQ_ROPE");
     unsetenv("NB_DENSE_SWIGLU");
+    unsetenv("NB_DENSE_ROPE");
     CHECKF(eu, "%s", err);
     CHECK(nb_backend_cuda_swiglu_layers(nb_engine_backend(eu)) == 0 &&
           nb_backend_cuda_rope_layers(nb_engine_backend(eu)) == 0 &&
-          nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(eu)) == 0);
+          nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(eu)) == 0 &&
+          nb_backend_cuda_dense_rope_layers(nb_engine_backend(eu)) == 0);
     for (int ch = 0; ch < 2; ch++) {
         const int chunk = ch ? 128 : 1, nn = ch ? n : 96;
         double n1, n2;
@@ -230,9 +238,11 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
         la = score_logits(eg, tok, nn, chunk, NB_FWD_TARGET, &n1);
         lb = score_logits(eu, tok, nn, chunk, NB_FWD_TARGET, &n2);
         CHECKF(memcmp(la, lb, (size_t)nn * V * sizeof(float)) == 0,
-               "target logits, chunk %d: the dense gate|up's SwiGLU layout differs from the model's row order", chunk);
-        printf("proxy target, chunk %3d: the dense gate|up in the SwiGLU layout (%d layers) == model row order, %d "
-               "rows of logits bit for bit\n",
+               "target logits, chunk %d: the dense gate|up's SwiGLU layout / RoPE in the q|k|v reduction differ from "
+               "the unfused path",
+               chunk);
+        printf("proxy target, chunk %3d: the dense gate|up in the SwiGLU layout and RoPE in the q|k|v reduction (%d "
+               "layers) == unfused, %d rows of logits bit for bit\n",
                chunk, n_layers, nn);
         free(la);
         free(lb);
