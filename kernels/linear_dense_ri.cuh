@@ -258,6 +258,28 @@ template <bool V4> __global__ void __launch_bounds__(256) dense_ri_reduce_kernel
     }
 }
 
+// The paired forms' reduction of 4 consecutive outputs at column c0 and
+// 4 at c1 (16-byte aligned), each summed over the S splits in split order
+// as dense_ri_reduce_kernel sums one; every load issued before the adds.
+__device__ __forceinline__ void dr_sum_pair4(const DrParams &p, size_t c0, size_t c1, float (&a)[4], float (&b)[4]) {
+    const size_t stride = (size_t)p.n * p.m;
+    float4 qa[kDrMaxSplit], qb[kDrMaxSplit];
+#pragma unroll
+    for (int s = 0; s < kDrMaxSplit; s++)
+        if (s < p.S) {
+            qa[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + c0));
+            qb[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + c1));
+        }
+    a[0] = qa[0].x, a[1] = qa[0].y, a[2] = qa[0].z, a[3] = qa[0].w;
+    b[0] = qb[0].x, b[1] = qb[0].y, b[2] = qb[0].z, b[3] = qb[0].w;
+#pragma unroll
+    for (int s = 1; s < kDrMaxSplit; s++)
+        if (s < p.S) {
+            a[0] += qa[s].x, a[1] += qa[s].y, a[2] += qa[s].z, a[3] += qa[s].w;
+            b[0] += qb[s].x, b[1] += qb[s].y, b[2] += qb[s].z, b[3] += qb[s].w;
+        }
+}
+
 // The SwiGLU form's reduction: out[i][j] = silu(g) * u with g and u the
 // sums above of gate row j and up row j (columns 16 (j / 8) + j % 8 and
 // that + 8 of the SwiGLU row layout). Thread: 4 consecutive j of one row
@@ -267,25 +289,12 @@ __global__ void __launch_bounds__(256) dense_ri_reduce_swiglu_kernel(const DrPar
     nb_pdl::wait();
     const int I = p.m / 2;
     const size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
-    const size_t total = (size_t)p.n * I, stride = (size_t)p.n * p.m;
-    if (e >= total) return;
+    if (e >= (size_t)p.n * I) return;
     const size_t xr = e / I;
     const int j = (int)(e - xr * I);
-    const size_t cg = xr * p.m + (size_t)(j >> 3) * 16 + (j & 7), cu = cg + 8;
-    float4 qg[kDrMaxSplit], qu[kDrMaxSplit];
-#pragma unroll
-    for (int s = 0; s < kDrMaxSplit; s++)
-        if (s < p.S) {
-            qg[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + cg));
-            qu[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + cu));
-        }
-    float g[4] = {qg[0].x, qg[0].y, qg[0].z, qg[0].w}, u[4] = {qu[0].x, qu[0].y, qu[0].z, qu[0].w};
-#pragma unroll
-    for (int s = 1; s < kDrMaxSplit; s++)
-        if (s < p.S) {
-            g[0] += qg[s].x, g[1] += qg[s].y, g[2] += qg[s].z, g[3] += qg[s].w;
-            u[0] += qu[s].x, u[1] += qu[s].y, u[2] += qu[s].z, u[3] += qu[s].w;
-        }
+    const size_t cg = xr * p.m + (size_t)(j >> 3) * 16 + (j & 7);
+    float g[4], u[4];
+    dr_sum_pair4(p, cg, cg + 8, g, u);
 #pragma unroll
     for (int w = 0; w < 4; w++) swiglu_store(p.out, p.out_dt, p.sat, e + w, g[w], u[w]);
 }
@@ -298,24 +307,12 @@ __global__ void __launch_bounds__(256) dense_ri_reduce_rope_kernel(const DrParam
     nb_pdl::wait();
     const int D = r.lay.head_dim, h = D / 2, hp = h / 4;  // 4-dim groups per head half
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t per_row = (size_t)(p.m / D) * hp, stride = (size_t)p.n * p.m;
+    const size_t per_row = (size_t)(p.m / D) * hp;
     if (e >= (size_t)p.n * per_row) return;
     const int i = (int)(e / per_row), q = (int)(e % per_row), hd = q / hp, d = (q % hp) * 4;
-    const size_t c0 = (size_t)i * p.m + (size_t)hd * D + d, c1 = c0 + h;
-    float4 a[kDrMaxSplit], b[kDrMaxSplit];
-#pragma unroll
-    for (int s = 0; s < kDrMaxSplit; s++)
-        if (s < p.S) {
-            a[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + c0));
-            b[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + c1));
-        }
-    float x0[4] = {a[0].x, a[0].y, a[0].z, a[0].w}, x1[4] = {b[0].x, b[0].y, b[0].z, b[0].w};
-#pragma unroll
-    for (int s = 1; s < kDrMaxSplit; s++)
-        if (s < p.S) {
-            x0[0] += a[s].x, x0[1] += a[s].y, x0[2] += a[s].z, x0[3] += a[s].w;
-            x1[0] += b[s].x, x1[1] += b[s].y, x1[2] += b[s].z, x1[3] += b[s].w;
-        }
+    const size_t c0 = (size_t)i * p.m + (size_t)hd * D + d;
+    float x0[4], x1[4];
+    dr_sum_pair4(p, c0, c0 + h, x0, x1);
     const int row0 = hd * D + d;
 #pragma unroll
     for (int w = 0; w < 4; w++) {

@@ -515,14 +515,9 @@ static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt,
             const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
             const nb_status st = nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, &rp, 0);
             CHECKF(st == NB_OK, "dense_ri_rope: %s", nb_status_str(st));
-            CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(cudaMemcpy(ha, d_qa, qb, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(hf, d_qf, qb, cudaMemcpyDeviceToHost));
-            const bool q_same = memcmp(ha, hf, qb) == 0;
-            CUDA_OK(cudaMemcpy(ha, d_pa, pool_bytes, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(hf, d_pf, pool_bytes, cudaMemcpyDeviceToHost));
+            bool q_same = false;
             long diff = 0, written = 0;
-            for (size_t e = 0; e < pool_bytes; e++) diff += ha[e] != hf[e], written += ha[e] != 0xa5;
+            CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
             CHECKF(q_same && diff == 0 && written > 0,
                    "rope %s nh=%d nkv=%d D=%d k=%d S=%d cache=%s n=%d bias=%d: differs from matmul + RoPE/KV write "
                    "(q %s, %ld pool bytes differ, %ld written)",

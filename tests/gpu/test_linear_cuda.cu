@@ -860,14 +860,9 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
                                         (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
             const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
             CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, n, m, k, &rp, 0) == NB_OK);
-            CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(cudaMemcpy(ha, d_qa, qb, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(hf, d_qf, qb, cudaMemcpyDeviceToHost));
-            const bool q_same = memcmp(ha, hf, qb) == 0;
-            CUDA_OK(cudaMemcpy(ha, d_pa, pool_bytes, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(hf, d_pf, pool_bytes, cudaMemcpyDeviceToHost));
+            bool q_same = false;
             long diff = 0, written = 0;
-            for (size_t e = 0; e < pool_bytes; e++) diff += ha[e] != hf[e], written += ha[e] != 0xa5;
+            CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
             CHECKF(q_same && diff == 0 && written > 0,
                    "rope nh=%d nkv=%d D=%d k=%d cache=%s n=%d kernel=%d: fused differs from matmul + RoPE/KV write "
                    "(q %s, %ld pool bytes differ, %ld written)",
