@@ -61,9 +61,9 @@ struct DrParams {
     const void *x;       // [n][k] T
     const void *w;       // [m][k] T
     const void *bias;    // [m] bias_dt or NULL
-    float *part;         // [S][n][m] f32 partial sums (S > 1)
+    float *part;         // [S][n][m] f32 partial sums (S > 1; kDrRope: S >= 1)
     int out_dt, bias_dt;
-    int sat;             // SW: f16 output saturating
+    int sat;             // kDrSwiglu: f16 output saturating
     int n, m, k;
     int S, tiles;
 };
