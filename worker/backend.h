@@ -175,4 +175,15 @@ int nb_backend_cuda_dense_swiglu_layers(const nb_backend *be);
 // target's step passes); the same answer for every layer.
 int nb_backend_cuda_dense_rope_layers(const nb_backend *be);
 
+// Pass timing for benchmarks: with on, every later forward records CUDA
+// events at the start and the end of its device work (metadata upload to
+// result download), and the totals restart. nb_backend_cuda_pass_times
+// returns the device time inside forwards (busy), the time the device spent
+// between the end of one forward and the start of the next (gap: host work,
+// launches, synchronizations, and any KV work items in between) and the
+// number of forwards timed. NB_ERR_INVALID_ARG for a backend that is not
+// the cuda one (times are then 0).
+nb_status nb_backend_cuda_pass_timing(nb_backend *be, int on);
+void nb_backend_cuda_pass_times(const nb_backend *be, double *busy_ms, double *gap_ms, long *n);
+
 #endif // NB_BACKEND_H

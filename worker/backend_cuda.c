@@ -209,6 +209,14 @@ typedef struct cuda_backend {
     float *logits_h; // pinned [LRp][V]
     int32_t *argmax_d, *argmax_h; // [LRp]: greedy tokens (device, pinned host)
     meta_off mo;
+    // Pass timing (nb_backend_cuda_pass_timing): events recorded at the
+    // start and the end of each forward's device work; tm_prev is the
+    // previous forward's end event (index into tm_ev), or -1.
+    bool tm_on;
+    cudaEvent_t tm_ev[3];
+    int tm_prev, tm_beg;
+    double tm_busy_ms, tm_gap_ms;
+    long tm_n;
     graph_ent graphs[GRAPH_CACHE];
     uint64_t clock;
     int n_graphs;
@@ -617,6 +625,8 @@ static void cuda_destroy(nb_backend *base) {
     cuda_backend *be = (cuda_backend *)base;
     if (!be) return;
     if (be->stream) cudaStreamSynchronize(be->stream);
+    for (int i = 0; i < 3; i++)
+        if (be->tm_ev[i]) cudaEventDestroy(be->tm_ev[i]);
     for (int i = 0; i < GRAPH_CACHE; i++)
         if (be->graphs[i].exec) cudaGraphExecDestroy(be->graphs[i].exec);
     for (int i = 0; i < be->n_allocs; i++) cudaFree(be->allocs[i]);
@@ -648,6 +658,33 @@ static nb_status sync_check(cuda_backend *be, const char *what, char *err, size_
     cudaError_t e = cudaStreamSynchronize(be->stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? NB_OK : cuda_fail(err, err_len, what, e);
+}
+
+// Pass timing: tm_begin before a forward's first device operation, tm_end
+// after its last one is enqueued, tm_account once the stream has synchronized.
+static void tm_begin(cuda_backend *be) {
+    if (!be->tm_on) return;
+    be->tm_beg = be->tm_prev < 0 ? 0 : (be->tm_prev + 1) % 3;
+    cudaEventRecord(be->tm_ev[be->tm_beg], be->stream);
+}
+static void tm_end(cuda_backend *be) {
+    if (be->tm_on) cudaEventRecord(be->tm_ev[(be->tm_beg + 1) % 3], be->stream);
+}
+static void tm_account(cuda_backend *be) {
+    if (!be->tm_on) return;
+    const int end = (be->tm_beg + 1) % 3;
+    float busy = 0.0f, gap = 0.0f;
+    if (cudaEventElapsedTime(&busy, be->tm_ev[be->tm_beg], be->tm_ev[end]) != cudaSuccess) {
+        cudaGetLastError();
+        be->tm_prev = -1;
+        return;
+    }
+    if (be->tm_prev >= 0 && cudaEventElapsedTime(&gap, be->tm_ev[be->tm_prev], be->tm_ev[be->tm_beg]) == cudaSuccess)
+        be->tm_gap_ms += gap;
+    cudaGetLastError();
+    be->tm_busy_ms += busy;
+    be->tm_n++;
+    be->tm_prev = end;
 }
 
 // ---------------------------------------------------------------------------
@@ -1397,6 +1434,7 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
         r0 += fs->n_rows;
     }
     cudaStream_t S = be->stream;
+    tm_begin(be);
     if (cudaMemcpyAsync(be->meta_d, mh, mo.ft + (size_t)n_ft * 4, cudaMemcpyHostToDevice, S) !=
         cudaSuccess) {
         nb_set_err(err, err_len, "forward: metadata upload: %s", cudaGetErrorString(cudaGetLastError()));
@@ -1478,8 +1516,10 @@ pass ps = {.mode = mode, .step = step, .R = R, .n_logits = n_logits, .d_tok = d_
         sync_check(be, "forward: sampling", NULL, 0);
         return st;
     }
+    tm_end(be);
     st = sync_check(be, "forward", err, err_len);
     if (st != NB_OK) return st;
+    tm_account(be);
     if (want_logits && !b->skip_logits) memcpy(b->logits, be->logits_h, (size_t)n_logits * V * sizeof(float));
     if (n_logits > 0 && b->argmax) memcpy(b->argmax, be->argmax_h, (size_t)n_logits * sizeof(int32_t));
     if (any_sample && n_logits > 0) {
@@ -1874,3 +1914,23 @@ int nb_backend_cuda_rope_layers(const nb_backend *base) { return moved_layers(ba
 int nb_backend_cuda_dense_swiglu_layers(const nb_backend *base) { return moved_layers(base, MOVED_DENSE_SWIGLU); }
 
 int nb_backend_cuda_dense_rope_layers(const nb_backend *base) { return moved_layers(base, DENSE_ROPE); }
+
+nb_status nb_backend_cuda_pass_timing(nb_backend *base, int on) {
+    if (!base || base->ops != &cuda_ops) return NB_ERR_INVALID_ARG;
+    cuda_backend *be = (cuda_backend *)base;
+    for (int i = 0; on && i < 3; i++)
+        if (!be->tm_ev[i] && cudaEventCreate(&be->tm_ev[i]) != cudaSuccess) return NB_ERR_BACKEND;
+    be->tm_on = on != 0;
+    be->tm_prev = -1;
+    be->tm_busy_ms = be->tm_gap_ms = 0.0;
+    be->tm_n = 0;
+    return NB_OK;
+}
+
+void nb_backend_cuda_pass_times(const nb_backend *base, double *busy_ms, double *gap_ms, long *n) {
+    const bool ok = base && base->ops == &cuda_ops;
+    const cuda_backend *be = (const cuda_backend *)base;
+    *busy_ms = ok ? be->tm_busy_ms : 0.0;
+    *gap_ms = ok ? be->tm_gap_ms : 0.0;
+    *n = ok ? be->tm_n : 0;
+}

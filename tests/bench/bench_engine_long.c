@@ -81,6 +81,10 @@ typedef struct cell {
     double ms_fp16, ms_int8; // target-only ms per step
     double ms_draft, ms_verify, acc, tok_round;
     bool have[2];
+    // Pass timing, ms: [kind] decode step wall, device time a forward, idle
+    // gap between forwards; draft call wall, device time of its forwards,
+    // idle gap between them; verify wall, device time.
+    double pt_step[2][3], pt_draft[3], pt_verify[2];
 } cell;
 
 // splitmix64: distinct, reproducible prompts.
@@ -135,9 +139,10 @@ int main(int argc, char **argv) {
         // most gamma + 1 for one, which can thus get n_new * (gamma + 1);
         // gamma draft positions past the last; slack. (Was longest + n_new +
         // 88, which a batch with uneven acceptance overran at --new 64.)
-        const int need = longest + n_new + 2 * (gamma + 1) + n_new * (gamma + 1) + gamma + 16;
+        // Then the pass-timing steps: 4 decode steps and two more rounds.
+        const int need = longest + n_new + 4 * (gamma + 1) + n_new * (gamma + 1) + gamma + 20;
         if (max_len > 0 && max_len < need)
-            return usage("--max-seq-len is below the longest context + (gamma + 2) x --new + 3 x gamma + 18");
+            return usage("--max-seq-len is below the longest context + (gamma + 2) x --new + 5 x gamma + 24");
         if (max_len == 0) max_len = need;
     }
     int n_dev = 0;
@@ -205,6 +210,24 @@ int main(int argc, char **argv) {
                nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(e)),
                nb_backend_cuda_dense_rope_layers(nb_engine_backend(e)));
         fflush(stdout);
+        {
+            // Warm-up: a prefill and two decode steps of a throwaway
+            // sequence, so that the first cell's prefill does not pay the
+            // process's first use of the prefill kernels (module loading,
+            // cuBLAS's first calls: 16.5k against 30k tokens/s at batch 1,
+            // 4k, session 33).
+            const int wn = max_ctx < 2 * chunk ? max_ctx : 2 * chunk;
+            int32_t *wbuf = malloc(sizeof(int32_t) * (size_t)wn);
+            CHECK(wbuf != NULL);
+            for (int t = 0; t < wn; t++) wbuf[t] = 3 + (int32_t)(mix(0xabcdull + (uint64_t)t) % (uint64_t)(mc->vocab_size - 3));
+            int32_t ws = -1, wl = wn;
+            const int32_t *wp = wbuf;
+            CHECK(nb_engine_seq_add(e, &(nb_sampling_params){0}, &ws) == NB_OK);
+            CHECK(nb_engine_prefill(e, 1, &ws, &wp, &wl, next, NULL, NULL, st) == NB_OK && st[0] == NB_OK);
+            CHECK(nb_engine_decode(e, 1, &ws, 2, out, NULL, n_out, st) == NB_OK);
+            nb_engine_seq_free(e, ws);
+            free(wbuf);
+        }
         for (int bi = 0; bi < n_b; bi++)
             for (int ci = 0; ci < n_ctx; ci++) {
                 const int B = Bs[bi], ctx = ctxs[ci];
@@ -240,6 +263,24 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < B; i++) CHECK(st[i] == NB_OK && n_out[i] == n_new);
                 if (kind == 0) c->ms_fp16 = 1e3 * dt / n_new;
                 else c->ms_int8 = 1e3 * dt / n_new;
+                // Pass timing (after the timed steps, so its events are not
+                // in them): the device's time inside each forward, and its
+                // idle time between one forward's end and the next one's
+                // start.
+                {
+                    nb_backend *be = nb_engine_backend(e);
+                    double busy = 0, gap = 0;
+                    long np = 0;
+                    CHECK(nb_backend_cuda_pass_timing(be, 1) == NB_OK);
+                    ts = now_s();
+                    CHECK(nb_engine_decode(e, B, seqs, 4, out, NULL, n_out, st) == NB_OK);
+                    dt = now_s() - ts;
+                    nb_backend_cuda_pass_times(be, &busy, &gap, &np);
+                    nb_backend_cuda_pass_timing(be, 0);
+                    c->pt_step[kind][0] = 1e3 * dt / 4;
+                    c->pt_step[kind][1] = np > 0 ? busy / np : 0;
+                    c->pt_step[kind][2] = np > 1 ? gap / (np - 1) : 0;
+                }
                 if (kind == 1) {
                     for (int w = 0; w < 2; w++) {
                         CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
@@ -272,6 +313,27 @@ int main(int argc, char **argv) {
                     }
                     c->ms_draft = 1e3 * td / rounds;
                     c->ms_verify = 1e3 * tv / rounds;
+                    // Pass timing of two more rounds: a draft call's gamma
+                    // forwards and the gaps between them; the verify's one.
+                    nb_backend *be = nb_engine_backend(e);
+                    for (int w = 0; w < 2; w++) {
+                        double busy = 0, gap = 0;
+                        long np = 0;
+                        CHECK(nb_backend_cuda_pass_timing(be, 1) == NB_OK);
+                        ts = now_s();
+                        CHECK(nb_engine_draft(e, B, seqs, gamma, drafts, st) == NB_OK);
+                        double t1 = now_s();
+                        nb_backend_cuda_pass_times(be, &busy, &gap, &np);
+                        c->pt_draft[0] += 1e3 * (t1 - ts) / 2;
+                        c->pt_draft[1] += busy / 2;
+                        c->pt_draft[2] += np > 1 ? gap / (np - 1) / 2 : 0;
+                        CHECK(nb_backend_cuda_pass_timing(be, 1) == NB_OK);
+                        CHECK(nb_engine_verify(e, B, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
+                        nb_backend_cuda_pass_times(be, &busy, &gap, &np);
+                        c->pt_verify[0] += 1e3 * (now_s() - t1) / 2;
+                        c->pt_verify[1] += busy / 2;
+                    }
+                    nb_backend_cuda_pass_timing(be, 0);
                     c->acc = (double)accepted / ((double)rounds * B * gamma);
                     c->tok_round = (double)produced / ((double)rounds * B);
                 }
@@ -302,6 +364,24 @@ int main(int argc, char **argv) {
                 printf("%.2fx | %.2f |\n", spec / base, round / c->ms_fp16);
             else
                 printf("- | - |\n");
+        }
+    // Where a call's wall time goes besides its forwards' device time: the
+    // device idles between forwards while the host synchronizes, reads the
+    // sampled tokens, plans the next step and launches it.
+    printf("\nPass timing (CUDA events at each forward's first and last device operation; ms): wall = the "
+           "call's host time, device = inside forwards, gap = the device idle between two forwards of the "
+           "call\n\n");
+    printf("| batch | context | step wall f16 | device | gap | step wall INT8 | device | gap | draft call wall | "
+           "device (%d forwards) | gap between them | verify wall | device |\n",
+           gamma);
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int bi = 0; bi < n_b; bi++)
+        for (int ci = 0; ci < n_ctx; ci++) {
+            const cell *c = &cells[bi][ci];
+            printf("| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", Bs[bi],
+                   ctxs[ci], c->pt_step[0][0], c->pt_step[0][1], c->pt_step[0][2], c->pt_step[1][0],
+                   c->pt_step[1][1], c->pt_step[1][2], c->pt_draft[0], c->pt_draft[1], c->pt_draft[2],
+                   c->pt_verify[0], c->pt_verify[1]);
         }
     free(out);
     nb_model_free(&m);
