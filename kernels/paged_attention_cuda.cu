@@ -1510,7 +1510,9 @@ int tc_cps(nb_pa_mode mode, bool inv, int g) {
 }
 template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
     if constexpr (MODE == NB_PA_TARGET) { // wide entries (tc_wide): two query tiles per CTA
-        if ((long)a->max_rows * kp.g > TC_M) return tc_launch<T, MODE, 1, 2>(kp, a, s);
+        const long mv = (long)a->max_rows * kp.g;
+        if (mv > 2 * TC_M) return tc_launch<T, MODE, 1, 3>(kp, a, s);
+        if (mv > TC_M) return tc_launch<T, MODE, 1, 2>(kp, a, s);
     }
     const int cps = tc_cps((nb_pa_mode)MODE, a->fixed_chunk_groups > 0, kp.g);
     return cps == 2 ? tc_launch<T, MODE, 2>(kp, a, s) : tc_launch<T, MODE, 1>(kp, a, s);
@@ -1596,9 +1598,9 @@ bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
 }
 // Row-invariant target-view calls of 9-16 query vectors per kv head (a
 // verify entry of up to 16 / GQA rows) on the tensor-core kernel with two
-// query tiles per CTA (tc_cfg NM = 2): every cached byte is copied and
-// unpacked once for both tiles, where two 8-vector entries would each read
-// the whole context. Only where the one-tile kernel runs the same warp
+// query tiles per CTA (tc_cfg NM = 2), and of 17-24 (a 5-row verify at GQA
+// 4) with three (NM = 3): every cached byte is copied and unpacked once for
+// all tiles, where 8-vector entries would each read the whole context. Only where the one-tile kernel runs the same warp
 // split (one CTA per SM: models with >= 2 query heads per kv head), so a
 // row gets the bits of its one-row decode. NB_PA_TC_WIDE=0 in the
 // environment turns it off (benchmarks compare; read per call, as
@@ -1719,11 +1721,13 @@ nb_status by_mode(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
 } // namespace
 
 extern "C" int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32_t n_q_heads,
-                                            int64_t narrow_ctas) {
+                                            int64_t narrow_ctas, int32_t max_tokens) {
     if (!lay || lay->n_kv_heads < 1 || n_q_heads < 1 || n_q_heads % lay->n_kv_heads) return 0;
     if (!tc_wide(lay, mode, n_q_heads / lay->n_kv_heads)) return DEC_MMAX;
-    const char *e = getenv("NB_PA_TC_WIDE");
-    if (narrow_ctas <= 0 || (e && e[0] == '1')) return 2 * TC_M;
+    const char *tiles = getenv("NB_PA_TC_TILES"), *e = getenv("NB_PA_TC_WIDE");
+    const int most = tiles && tiles[0] == '2' ? 2 * TC_M : 3 * TC_M;
+    if (narrow_ctas <= 0) return most;
+    if (e && e[0] == '1') return tiles && tiles[0] == '3' ? 3 * TC_M : 2 * TC_M;
     // One CTA per SM (the target view's tensor-core kernel at CPS 1).
     static int dev = -1, sms = 0;
     int cur;
@@ -1732,7 +1736,11 @@ extern "C" int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode 
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess) return DEC_MMAX;
         dev = cur;
     }
-    return narrow_ctas > sms ? 2 * TC_M : DEC_MMAX;
+    if (narrow_ctas <= sms) return DEC_MMAX;
+    if (tiles && tiles[0] == '3') return 3 * TC_M;
+    // Three tiles (a third of the narrow CTAs) from NB_PA_WIDE3_MIN_TOKENS
+    // of context when they still fill a wave.
+    return most == 3 * TC_M && max_tokens >= NB_PA_WIDE3_MIN_TOKENS && narrow_ctas / 3 >= sms ? 3 * TC_M : 2 * TC_M;
 }
 
 extern "C" size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,
@@ -1800,7 +1808,7 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     // warp-per-slice kernel. pa_merge_kernel reads only kp.pl.D of the plan.
     const bool aligned = ((uintptr_t)a->pools.fp | (uintptr_t)a->pools.upper | (uintptr_t)a->pools.lower |
                           (uintptr_t)a->pools.scales) % 16 == 0;
-    const bool wide = a->fixed_chunk_groups > 0 && M_max > TC_M && M_max <= 2 * TC_M && tc_wide(&a->lay, a->mode, g);
+    const bool wide = a->fixed_chunk_groups > 0 && M_max > TC_M && M_max <= 3 * TC_M && tc_wide(&a->lay, a->mode, g);
     if (a->fixed_chunk_groups > 0 && !(fast && G % 32 == 0 && (M_max <= DEC_MMAX || wide) && aligned))
         return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernels only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;

@@ -64,11 +64,11 @@
 //
 // Shapes: D = 128, G % 32 == 0, f16 or bf16 cache (FP_ONLY: f16 only; bf16
 // FP-block values are converted to f16, exact within f16's range; finite
-// values beyond +-65504 saturate), <= 8 query vectors per kv head (NM = 2,
-// the row-invariant target view: <= 16, as two 8-column tiles that share
-// every copy, K code unpacking and V code pairing; each tile keeps its own
-// accumulators, softmax state and q fragments, and computes exactly what
-// the one-tile kernel computes for its columns), pools 16-byte aligned. q * softmax_scale * log2(e) and q * S_c must be finite
+// values beyond +-65504 saturate), <= 8 query vectors per kv head (NM = 2
+// or 3, the row-invariant target view: <= 16 or 24, as 8-column tiles that
+// share every copy, K code unpacking and V code pairing; each tile keeps its
+// own accumulators, softmax state and q fragments, and computes exactly
+// what the one-tile kernel computes for its columns), pools 16-byte aligned. q * softmax_scale * log2(e) and q * S_c must be finite
 // in f16 (|x| < 65504), as for the kernel this one replaced.
 
 constexpr int TC_D = 128;
@@ -133,16 +133,19 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     // 168-register cap and measured up to 7% slower). Two CTAs per SM
     // (half the warps each, 32-token tiles, <= 113 KB of shared memory)
     // let one CTA's prologue and merge run under the other's stream.
-    // NM: 8-column query tiles per CTA. NM = 2 (the target view at one CTA
-    // per SM only: verify entries of 9-16 query vectors) shares each tile's
-    // copies and code unpacking between the two; its q * S fragments live
-    // in shared memory (registers would spill) and the ring has 2 slots
-    // (shared memory). NW does not depend on NM: a row's warp split, so
-    // its bits, are those of the one-tile kernel.
+    // NM: 8-column query tiles per CTA. NM = 2 or 3 (the target view at one
+    // CTA per SM only: verify entries of 9-16 or 17-24 query vectors) shares
+    // each tile's copies and code unpacking among them; their q * S
+    // fragments live in shared memory (registers would spill) and the ring
+    // has 2 slots, 1 for NM = 3 (shared memory: its q * S fragments take 96
+    // KB; with 255 registers it spills ~400 bytes, measured 4-17% faster
+    // than a two-tile plus a one-tile read anyway, docs/benchmarks.md,
+    // session 33). NW does not depend on NM: a row's warp split, so its
+    // bits, are those of the one-tile kernel.
     static_assert(CPS == 1 || CPS == 2, "one or two CTAs per SM");
-    static_assert(NM == 1 || (NM == 2 && TGT && CPS == 1), "two tiles: the target view at one CTA per SM");
+    static_assert(NM == 1 || ((NM == 2 || NM == 3) && TGT && CPS == 1), "two or three tiles: the target view at one CTA per SM");
     static constexpr int NW = (TGT ? 8 : 12) / CPS;
-    static constexpr int NSW = TGT && CPS == 1 && NM == 1 ? 3 : 2;
+    static constexpr int NSW = TGT && CPS == 1 && NM == 1 ? 3 : NM == 3 ? 1 : 2;
     static constexpr int NT = NW * 32;
     static constexpr int MV = TC_M * NM; // query vectors per CTA
     // Quantized tile: up to QT tokens (two 32-token sub-slices for the
@@ -173,7 +176,15 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr int RING_OFF = (DESC_OFF + NW * NSW * 16 + 127) & ~127;
     static constexpr int SMEM = RING_OFF + NW * NSW * SLOT;
     static constexpr int MERGE_BYTES = NW * MV * TC_D * 4 + NW * MV * 2 * 4;
-    static_assert(MERGE_BYTES <= NW * NSW * SLOT, "the CTA merge area aliases the ring");
+    // The CTA merge's outputs and (max, sum) pairs alias the ring; with three
+    // tiles the outputs alias the q * S fragments instead (neither holds
+    // anything live once every warp is out of its loop; the mbarriers
+    // between them are left alone).
+    static constexpr int MERGE_OFF = NM == 3 ? QS_OFF : RING_OFF;
+    static constexpr int MLP_OFF = NM == 3 ? RING_OFF : RING_OFF + NW * MV * TC_D * 4;
+    static_assert(NM == 3 ? NW * MV * TC_D * 4 <= QS_BYTES && NW * MV * 2 * 4 <= NW * NSW * SLOT
+                          : MERGE_BYTES <= NW * NSW * SLOT,
+                  "the CTA merge area aliases the ring (NM = 3: and the q * S fragments)");
     static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
 };
 
@@ -590,7 +601,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         nb_pdl::wait();
     }
     constexpr int KQ = (MV * D / 4 + NT - 1) / NT; // float4 of q per thread
-    static_assert(KQ <= 2, "q: two float4 per thread at most");
+    static_assert(KQ <= 3, "q: three float4 per thread at most");
     float4 qv[KQ];
 #pragma unroll
     for (int k = 0; k < KQ; k++) {
@@ -1160,8 +1171,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             }
         }
     __syncthreads(); // every warp is done with its ring: the merge area aliases it
-    float *mo = (float *)ring; // [NW][MV][D], columns placed by mo_col<true>
-    float *mlp = mo + NW * MV * D;
+    float *mo = (float *)(smem + C::MERGE_OFF); // [NW][MV][D], columns placed by mo_col<true>
+    float *mlp = (float *)(smem + C::MLP_OFF);
 #pragma unroll
     for (int j = 0; j < NM; j++)
 #pragma unroll

@@ -22,9 +22,10 @@
 //     quantized kernels see the same shape whatever the batch;
 //   - attention uses the row-invariant split of nb_pa_attention
 //     (fixed_chunk_groups), each sequence's rows cut into entries of at most
-//     8/(n_heads/n_kv_heads) rows (target-view passes: up to 16/(ratio),
-//     nb_pa_step_entry_vectors, so a verify entry of 5 rows at GQA 4 reads
-//     the cache twice, not three times). Draft passes take the batch-tuned split
+//     8/(n_heads/n_kv_heads) rows (target-view passes: up to 24/(ratio),
+//     nb_pa_step_entry_vectors, so a verify of 5 rows at GQA 4 reads the
+//     cache once from 8k tokens of context, twice below, never three times).
+//     Draft passes take the batch-tuned split
 //     (the row-invariant one takes 7-32% longer on the draft view at
 //     >= 32k, docs/benchmarks.md) unless cfg.draft_batch_invariant: a draft only proposes tokens, the
 //     verify pass decides them (greedy output is the target's either way),
@@ -1359,6 +1360,7 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
         nb_pa_step_split(be->cfg.max_seq_len, G, ATTN_MAX_CHUNKS, be->step_min_tokens, 1, &cg, &nall,
                          &grid_tokens);
         long narrow = 0;
+        int32_t longest = 0;
         for (int s = 0; s < b->n_seqs; s++) {
             const nb_fwd_seq *fs = &b->seqs[s];
             const int er = be->entry_rows;
@@ -1366,9 +1368,10 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
                 const int end = fs->pos0 + (fs->n_rows - i0 < er ? fs->n_rows : i0 + er);
                 narrow += (end + cg * G - 1) / (cg * G);
             }
+            if (fs->pos0 + fs->n_rows > longest) longest = fs->pos0 + fs->n_rows;
         }
         narrow *= be->lay.n_kv_heads;
-        const int v = nb_pa_step_entry_vectors(&be->lay, NB_PA_TARGET, mc->n_heads, narrow) /
+        const int v = nb_pa_step_entry_vectors(&be->lay, NB_PA_TARGET, mc->n_heads, narrow, longest) /
                       (mc->n_heads / mc->n_kv_heads);
         if (v > per) per = v < be->entry_rows_tgt ? v : be->entry_rows_tgt;
     }
@@ -1705,10 +1708,11 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     be->entry_rows = be->step_ok ? 8 / ratio : 0;
     // Target-view entries may hold more rows (one read of the cache per
     // verify entry, nb_pa_step_entry_vectors); the same environment must
-    // hold for the backend's life (NB_PA_TC, NB_PA_TC_CPS, NB_PA_TC_WIDE).
+    // hold for the backend's life (NB_PA_TC, NB_PA_TC_CPS, NB_PA_TC_WIDE,
+    // NB_PA_TC_TILES).
     be->entry_rows_tgt = be->entry_rows;
     if (be->step_ok && cfg->bm->quantize) {
-        const int32_t v = nb_pa_step_entry_vectors(&cfg->layout, NB_PA_TARGET, mc->n_heads, 0);
+        const int32_t v = nb_pa_step_entry_vectors(&cfg->layout, NB_PA_TARGET, mc->n_heads, 0, 0);
         if (v / ratio > be->entry_rows) be->entry_rows_tgt = v / ratio;
     }
     int groups = (cfg->max_seq_len + G - 1) / G, chunk_groups, n_chunks, grid_unused;

@@ -41,7 +41,8 @@
 //   instead of a decode step: each sequence's last R positions are query
 //   rows, cut into entries as the engine cuts them (nb_pa_step_entry_vectors
 //   / GQA ratio rows each: wide entries when narrow ones would fill more
-//   than a wave; NB_PA_TC_WIDE=0 / 1 force narrow / wide); the draft-view rows
+//   than a wave, three-tile ones from 8k tokens; NB_PA_TC_WIDE=0 / 1 force
+//   narrow / wide, NB_PA_TC_TILES=2 / 3 two / three tiles); the draft-view rows
 //   are skipped (drafts have one row). MB moved counts the cache once.
 //   --dtype: the cache's element type (default f16; the fp16 rows then
 //   read bf16 FP blocks, which the tensor-core kernel leaves to the scalar one).
@@ -363,8 +364,9 @@ int main(int argc, char **argv) {
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
     if (table_run != 1) printf("; block tables: %s%.0d", table_run ? "shuffled runs of " : "in order", table_run);
     if (n_rows > 1)
-        printf("; verify steps of %d rows per sequence%s", n_rows,
-               getenv("NB_PA_TC_WIDE") ? " (NB_PA_TC_WIDE set)" : "");
+        printf("; verify steps of %d rows per sequence%s%s", n_rows,
+               getenv("NB_PA_TC_WIDE") ? " (NB_PA_TC_WIDE set)" : "",
+               getenv("NB_PA_TC_TILES") ? " (NB_PA_TC_TILES set)" : "");
     printf("\nevent-timed floor: one empty kernel %.2f us, two in a row %.2f us\n\n", floor_us[0], floor_us[1]);
     printf("| model | batch | ctx | kernel | ms | MB moved | GB/s | %% of peak |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
@@ -398,7 +400,7 @@ int main(int argc, char **argv) {
                         // live CTAs (chunks past the context return at once)
                         const long narrow = (long)B * ((n_rows + narrow_per - 1) / narrow_per) * hkv *
                                             ((ctx + cg * G - 1) / (cg * G));
-                        per = nb_pa_step_entry_vectors(&l, modes[md], Hq, narrow) / ratio;
+                        per = nb_pa_step_entry_vectors(&l, modes[md], Hq, narrow, ctx) / ratio;
                         if (per < 1) per = 1;
                     }
                     int max_ent_rows = 1;

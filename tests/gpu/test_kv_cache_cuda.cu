@@ -745,17 +745,35 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
         };
         check_inv(per, "entries");
         // Wide entries (paged_attention_cuda.h: nb_pa_step_entry_vectors;
-        // the target view's two-tile tensor-core kernel), as the engine cuts
-        // its verify passes: the same contract.
-        const int32_t wv = nb_pa_step_entry_vectors(&lay, mode, Hq, 0);
-        // the grid rule: one CTA (< a wave of narrow CTAs) keeps 8, 2^30 takes the most
-        const int32_t w1 = nb_pa_step_entry_vectors(&lay, mode, Hq, 1), wbig = nb_pa_step_entry_vectors(&lay, mode, Hq, 1 << 30);
-        const char *we = getenv("NB_PA_TC_WIDE");
-        if ((wv != 8 && wv != 16) || wbig != wv || w1 != ((we && we[0] == '1') ? wv : 8)) {
-            printf("FAIL nb_pa_step_entry_vectors: %d (max), %d (1 CTA), %d (2^30 CTAs)\n", wv, w1, wbig);
+        // the target view's two- and three-tile tensor-core kernel), as the
+        // engine cuts its verify passes: the same contract.
+        const int32_t wv = nb_pa_step_entry_vectors(&lay, mode, Hq, 0, 0);
+        // The grid rule: one CTA (< a wave of narrow CTAs) keeps 8; 2^30
+        // CTAs at long context take the most; short contexts, or fewer
+        // than three waves of narrow CTAs, two tiles.
+        int sms = 0;
+        CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int32_t w1 = nb_pa_step_entry_vectors(&lay, mode, Hq, 1, 1 << 20),
+                      wbig = nb_pa_step_entry_vectors(&lay, mode, Hq, 1 << 30, 1 << 20),
+                      wshort = nb_pa_step_entry_vectors(&lay, mode, Hq, 1 << 30, NB_PA_WIDE3_MIN_TOKENS - 1),
+                      wthin = nb_pa_step_entry_vectors(&lay, mode, Hq, sms + 1, 1 << 20);
+        const char *we = getenv("NB_PA_TC_WIDE"), *wt = getenv("NB_PA_TC_TILES");
+        const bool force3 = wt && wt[0] == '3', cap2 = wt && wt[0] == '2', forcew = we && we[0] == '1';
+        bool rule_ok;
+        if (wv == 8) {
+            rule_ok = w1 == 8 && wbig == 8 && wshort == 8 && wthin == 8;
+        } else {
+            const int32_t two = force3 ? 24 : 16;
+            rule_ok = wv == (cap2 ? 16 : 24) && wbig == wv && w1 == (forcew ? two : 8) && wshort == two &&
+                      wthin == two;
+        }
+        if (!rule_ok) {
+            printf("FAIL nb_pa_step_entry_vectors: %d (max), %d (1 CTA), %d (2^30 CTAs), %d (short context), "
+                   "%d (%d CTAs)\n", wv, w1, wbig, wshort, wthin, sms + 1);
             g_fail++;
         }
-        if (wv / ratio > per) check_inv(wv / ratio, "wide entries");
+        if (wv >= 16 && 16 / ratio > per) check_inv(16 / ratio, "two-tile entries");
+        if (wv >= 24 && 24 / ratio > 16 / ratio) check_inv(24 / ratio, "three-tile entries");
         g_fixed_groups = 0;
         free(ent);
     }
