@@ -1600,9 +1600,10 @@ bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
 // verify entry of up to 16 / GQA rows) on the tensor-core kernel with two
 // query tiles per CTA (tc_cfg NM = 2), and of 17-24 (a 5-row verify at GQA
 // 4) with three (NM = 3): every cached byte is copied and unpacked once for
-// all tiles, where 8-vector entries would each read the whole context. Only where the one-tile kernel runs the same warp
-// split (one CTA per SM: models with >= 2 query heads per kv head), so a
-// row gets the bits of its one-row decode. NB_PA_TC_WIDE=0 in the
+// all tiles, where 8-vector entries would each read the whole context.
+// Only where the one-tile kernel runs the same warp split (one CTA per SM:
+// models with >= 2 query heads per kv head), so a row gets the bits of its
+// one-row decode. NB_PA_TC_WIDE=0 in the
 // environment turns it off (benchmarks compare; read per call, as
 // nb_pa_step_entry_vectors reads it; =1 there forces wide entries).
 bool tc_wide(const nb_kv_layout *lay, nb_pa_mode mode, int g) {
@@ -1721,13 +1722,13 @@ nb_status by_mode(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
 } // namespace
 
 extern "C" int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32_t n_q_heads,
-                                            int64_t narrow_ctas, int32_t max_tokens) {
+                                            const int64_t live_ctas[3]) {
     if (!lay || lay->n_kv_heads < 1 || n_q_heads < 1 || n_q_heads % lay->n_kv_heads) return 0;
     if (!tc_wide(lay, mode, n_q_heads / lay->n_kv_heads)) return DEC_MMAX;
     const char *tiles = getenv("NB_PA_TC_TILES"), *e = getenv("NB_PA_TC_WIDE");
-    const int most = tiles && tiles[0] == '2' ? 2 * TC_M : 3 * TC_M;
-    if (narrow_ctas <= 0) return most;
-    if (e && e[0] == '1') return tiles && tiles[0] == '3' ? 3 * TC_M : 2 * TC_M;
+    const bool cap2 = tiles && tiles[0] == '2', force3 = tiles && tiles[0] == '3';
+    if (!live_ctas) return cap2 ? 2 * TC_M : 3 * TC_M;
+    if (e && e[0] == '1') return force3 ? 3 * TC_M : 2 * TC_M;
     // One CTA per SM (the target view's tensor-core kernel at CPS 1).
     static int dev = -1, sms = 0;
     int cur;
@@ -1736,11 +1737,11 @@ extern "C" int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode 
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess) return DEC_MMAX;
         dev = cur;
     }
-    if (narrow_ctas <= sms) return DEC_MMAX;
-    if (tiles && tiles[0] == '3') return 3 * TC_M;
-    // Three tiles (a third of the narrow CTAs) from NB_PA_WIDE3_MIN_TOKENS
-    // of context when they still fill a wave.
-    return most == 3 * TC_M && max_tokens >= NB_PA_WIDE3_MIN_TOKENS && narrow_ctas / 3 >= sms ? 3 * TC_M : 2 * TC_M;
+    if (live_ctas[0] <= sms) return DEC_MMAX;
+    if (force3 || cap2) return force3 ? 3 * TC_M : 2 * TC_M;
+    // Waves of each cut, a three-tile CTA taking 1.75x a two-tile one.
+    const int64_t w2 = (live_ctas[1] + sms - 1) / sms, w3 = (live_ctas[2] + sms - 1) / sms;
+    return 7 * w3 < 4 * w2 ? 3 * TC_M : 2 * TC_M;
 }
 
 extern "C" size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,

@@ -140,29 +140,26 @@ typedef struct nb_pa_args {
 // row-invariant call's rows into. 8, or up to 24 for the target view at
 // D = 128 on f16/bf16 caches with G % 32 == 0 and >= 2 query heads per kv
 // head (the tensor-core kernel with two or three query tiles per CTA: an
-// entry of up to 16 or 24 vectors reads each cached byte once):
-//   - 8 when the call, cut into 8-vector entries, would launch narrow_ctas
-//     <= one CTA per SM (entries x n_kv_heads x live grid chunks): below a
-//     wave the narrow entries' extra CTAs run side by side and a two-tile
-//     CTA takes ~1.4x as long as a one-tile one;
-//   - 24 when the entries' contexts reach NB_PA_WIDE3_MIN_TOKENS
-//     (max_tokens: the longest) and a third of narrow_ctas still fills a
-//     wave; 16 otherwise. Measured on an H100 (docs/benchmarks.md, session
-//     33): a 5-row verify at GQA 4 in one three-tile entry instead of
-//     two-tile + one-tile ones is 4-17% faster alone, but in the engine
-//     1.3% slower at batch 8 4k (short contexts) and 2.7% at batch 1 16k
-//     (less than a wave of three-tile CTAs), 3-11% faster from batch 8 8k
-//     and batch 1 32k.
-// narrow_ctas <= 0: the most any call gets (for sizing). 0 for bad
+// entry of up to 16 or 24 vectors reads each cached byte once).
+// live_ctas[t - 1]: the call's CTAs when its rows are cut into entries of
+// 8t vectors (entries x n_kv_heads x grid chunks that hold positions):
+//   - 8 when live_ctas[0] <= one CTA per SM: below a wave the narrow
+//     entries' extra CTAs run side by side, and a two-tile CTA takes ~1.4x
+//     as long as a one-tile one;
+//   - else 24 or 16, whichever takes fewer waves (ceil(CTAs / SMs)), a
+//     three-tile CTA counted as 1.75 two-tile ones (H100, docs/benchmarks.md,
+//     session 33: a 5-row verify at GQA 4 in one three-tile entry against a
+//     two-tile and a one-tile one is 14-15% faster at batch 8 from 16k, but
+//     1.3% slower in the engine at batch 8 4k (3 waves against 5) and 2.5%
+//     at batch 1 16k (136 CTAs: 2 waves against 3)).
+// live_ctas NULL: the most any call gets (for sizing). 0 for bad
 // arguments. A row's bits are the same whatever the cut. NB_PA_TC=0,
 // NB_PA_TC_CPS=2 or NB_PA_TC_WIDE=0 in the environment (tests, benchmarks)
 // make it 8; NB_PA_TC_WIDE=1 16 (24 with NB_PA_TC_TILES=3) where the wide
-// kernel applies, whatever the grid; NB_PA_TC_TILES=2 caps it at 16,
-// NB_PA_TC_TILES=3 takes 24 whenever the grid rule gives more than 8. Read
-// per call.
-#define NB_PA_WIDE3_MIN_TOKENS 8192
-int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32_t n_q_heads, int64_t narrow_ctas,
-                                 int32_t max_tokens);
+// kernel applies, whatever the grid; past the one-wave rule
+// NB_PA_TC_TILES=2 takes 16 and =3 24. Read per call.
+int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32_t n_q_heads,
+                                 const int64_t live_ctas[3]);
 
 // Bytes of workspace for batches of up to n_seqs sequences of up to max_rows
 // rows, split into at most max_chunks chunks (64 is a good value; 1 disables

@@ -24,7 +24,8 @@
 //     (fixed_chunk_groups), each sequence's rows cut into entries of at most
 //     8/(n_heads/n_kv_heads) rows (target-view passes: up to 24/(ratio),
 //     nb_pa_step_entry_vectors, so a verify of 5 rows at GQA 4 reads the
-//     cache once from 8k tokens of context, twice below, never three times).
+//     cache once where the three-tile CTAs take fewer waves, else twice,
+//     never three times).
 //     Draft passes take the batch-tuned split
 //     (the row-invariant one takes 7-32% longer on the draft view at
 //     >= 32k, docs/benchmarks.md) unless cfg.draft_batch_invariant: a draft only proposes tokens, the
@@ -1359,20 +1360,21 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
         int32_t cg, nall, grid_tokens;
         nb_pa_step_split(be->cfg.max_seq_len, G, ATTN_MAX_CHUNKS, be->step_min_tokens, 1, &cg, &nall,
                          &grid_tokens);
-        long narrow = 0;
-        int32_t longest = 0;
-        for (int s = 0; s < b->n_seqs; s++) {
-            const nb_fwd_seq *fs = &b->seqs[s];
-            const int er = be->entry_rows;
-            for (int i0 = 0; i0 < fs->n_rows; i0 += er) {
-                const int end = fs->pos0 + (fs->n_rows - i0 < er ? fs->n_rows : i0 + er);
-                narrow += (end + cg * G - 1) / (cg * G);
+        // The call's live CTAs cut into entries of 8, 16 and 24 vectors.
+        const int ratio = mc->n_heads / mc->n_kv_heads;
+        int64_t live[3] = {0, 0, 0};
+        for (int t = 0; t < 3; t++) {
+            const int er = 8 * (t + 1) / ratio > 0 ? 8 * (t + 1) / ratio : 1;
+            for (int s = 0; s < b->n_seqs; s++) {
+                const nb_fwd_seq *fs = &b->seqs[s];
+                for (int i0 = 0; i0 < fs->n_rows; i0 += er) {
+                    const int end = fs->pos0 + (fs->n_rows - i0 < er ? fs->n_rows : i0 + er);
+                    live[t] += (end + cg * G - 1) / (cg * G);
+                }
             }
-            if (fs->pos0 + fs->n_rows > longest) longest = fs->pos0 + fs->n_rows;
+            live[t] *= be->lay.n_kv_heads;
         }
-        narrow *= be->lay.n_kv_heads;
-        const int v = nb_pa_step_entry_vectors(&be->lay, NB_PA_TARGET, mc->n_heads, narrow, longest) /
-                      (mc->n_heads / mc->n_kv_heads);
+        const int v = nb_pa_step_entry_vectors(&be->lay, NB_PA_TARGET, mc->n_heads, live) / ratio;
         if (v > per) per = v < be->entry_rows_tgt ? v : be->entry_rows_tgt;
     }
 
@@ -1712,7 +1714,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     // NB_PA_TC_TILES).
     be->entry_rows_tgt = be->entry_rows;
     if (be->step_ok && cfg->bm->quantize) {
-        const int32_t v = nb_pa_step_entry_vectors(&cfg->layout, NB_PA_TARGET, mc->n_heads, 0, 0);
+        const int32_t v = nb_pa_step_entry_vectors(&cfg->layout, NB_PA_TARGET, mc->n_heads, NULL);
         if (v / ratio > be->entry_rows) be->entry_rows_tgt = v / ratio;
     }
     int groups = (cfg->max_seq_len + G - 1) / G, chunk_groups, n_chunks, grid_unused;

@@ -41,7 +41,7 @@
 //   instead of a decode step: each sequence's last R positions are query
 //   rows, cut into entries as the engine cuts them (nb_pa_step_entry_vectors
 //   / GQA ratio rows each: wide entries when narrow ones would fill more
-//   than a wave, three-tile ones from 8k tokens; NB_PA_TC_WIDE=0 / 1 force
+//   than a wave, three-tile ones where they take fewer waves; NB_PA_TC_WIDE=0 / 1 force
 //   narrow / wide, NB_PA_TC_TILES=2 / 3 two / three tiles); the draft-view rows
 //   are skipped (drafts have one row). MB moved counts the cache once.
 //   --dtype: the cache's element type (default f16; the fp16 rows then
@@ -393,14 +393,18 @@ int main(int argc, char **argv) {
                     // rows per entry as the engine cuts a step pass
                     int per = n_rows;
                     if (n_rows > 1) { // (step split) narrow entries x kv heads x grid chunks
-                        const int ratio = Hq / hkv, narrow_per = 8 / ratio > 1 ? 8 / ratio : 1;
+                        const int ratio = Hq / hkv;
                         int32_t cg, nall, grid_tokens;
                         nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, ctx, &cg, &nall,
                                          &grid_tokens);
-                        // live CTAs (chunks past the context return at once)
-                        const long narrow = (long)B * ((n_rows + narrow_per - 1) / narrow_per) * hkv *
-                                            ((ctx + cg * G - 1) / (cg * G));
-                        per = nb_pa_step_entry_vectors(&l, modes[md], Hq, narrow, ctx) / ratio;
+                        // live CTAs of 8-, 16- and 24-vector cuts (chunks past
+                        // the context return at once)
+                        int64_t live[3];
+                        for (int t = 0; t < 3; t++) {
+                            const int er = 8 * (t + 1) / ratio > 0 ? 8 * (t + 1) / ratio : 1;
+                            live[t] = (int64_t)B * ((n_rows + er - 1) / er) * hkv * ((ctx + cg * G - 1) / (cg * G));
+                        }
+                        per = nb_pa_step_entry_vectors(&l, modes[md], Hq, live) / ratio;
                         if (per < 1) per = 1;
                     }
                     int max_ent_rows = 1;
