@@ -11,7 +11,11 @@
 // (tokens per round at which a round costs what the same tokens cost
 // target-only). With a synthetic model (random weights: the output is
 // noise) the acceptance is that of noise; the step times are the model
-// shape's.
+// shape's. Each engine first prefills and decodes a throwaway prompt, so the
+// first cell does not pay the process's first kernel launches. A second
+// table splits a decode step, a draft call and a verify into the device's
+// time inside forwards and its idle gaps between them (CUDA events,
+// nb_backend_cuda_pass_timing; taken in extra steps after the timed ones).
 //
 // Usage: bench_engine_long [--model synthetic:llama-3-8b | DIR] [--ctx 4096,32768]
 //          [--batch 1,8] [--new 32] [--gamma 4] [--chunk 1024] [--util 0.9]
