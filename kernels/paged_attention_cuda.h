@@ -146,8 +146,8 @@ typedef struct nb_pa_args {
 //   - 8 when live_ctas[0] <= one CTA per SM: below a wave the narrow
 //     entries' extra CTAs run side by side, and a two-tile CTA takes ~1.4x
 //     as long as a one-tile one;
-//   - else 24 or 16, whichever takes fewer waves (ceil(CTAs / SMs)), a
-//     three-tile CTA counted as 1.75 two-tile ones (H100, docs/benchmarks.md,
+//   - else 24 or 16, whichever takes fewer waves (ceil(CTAs / SMs)), 24 on
+//     a tie, a three-tile CTA counted as 1.75 two-tile ones (H100, docs/benchmarks.md,
 //     session 33: a 5-row verify at GQA 4 in one three-tile entry against a
 //     two-tile and a one-tile one is 14-15% faster at batch 8 from 16k, but
 //     1.3% slower in the engine at batch 8 4k (3 waves against 5) and 2.5%

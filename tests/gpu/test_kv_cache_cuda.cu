@@ -750,30 +750,33 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
         const int32_t wv = nb_pa_step_entry_vectors(&lay, mode, Hq, NULL);
         // The grid rule (live CTAs of the 8-, 16- and 24-vector cuts): up
         // to a wave of narrow CTAs keeps 8; past it, three tiles where their
-        // waves x 1.75 are fewer than the two-tile cut's waves.
+        // waves x 1.75 are at most the two-tile cut's waves.
         int sms = 0;
         CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
         const int64_t k = sms;
         const int64_t c_one[3] = {k, k, k}, c_long[3] = {48 * k, 32 * k, 16 * k},
-                      c_short[3] = {7 * k + k / 2, 5 * k, 2 * k + k / 2}, c_thin[3] = {3 * k + 12, 2 * k + 8, k + 4};
+                      c_short[3] = {7 * k + k / 2, 5 * k, 2 * k + k / 2}, c_thin[3] = {3 * k + 12, 2 * k + 8, k + 4},
+                      c_tie[3] = {10 * k, 7 * k - 1, 3 * k + 1};
         const int32_t w1 = nb_pa_step_entry_vectors(&lay, mode, Hq, c_one),
                       wlong = nb_pa_step_entry_vectors(&lay, mode, Hq, c_long),
                       wshort = nb_pa_step_entry_vectors(&lay, mode, Hq, c_short),
-                      wthin = nb_pa_step_entry_vectors(&lay, mode, Hq, c_thin);
+                      wthin = nb_pa_step_entry_vectors(&lay, mode, Hq, c_thin),
+                      wtie = nb_pa_step_entry_vectors(&lay, mode, Hq, c_tie);
         const char *we = getenv("NB_PA_TC_WIDE"), *wt = getenv("NB_PA_TC_TILES");
         const bool force3 = wt && wt[0] == '3', cap2 = wt && wt[0] == '2', forcew = we && we[0] == '1';
         bool rule_ok;
         if (wv == 8) {
-            rule_ok = w1 == 8 && wlong == 8 && wshort == 8 && wthin == 8;
+            rule_ok = w1 == 8 && wlong == 8 && wshort == 8 && wthin == 8 && wtie == 8;
         } else {
-            // 16 waves x 1.75 < 32: three tiles; 3 x 1.75 >= 5 and 2 x 1.75 >= 3: two
+            // 16 waves x 1.75 < 32 and 4 x 1.75 = 7: three tiles; 3 x 1.75 > 5 and 2 x 1.75 > 3: two
             const int32_t two = force3 ? 24 : 16, three = cap2 ? 16 : 24;
             rule_ok = wv == three && w1 == (forcew ? two : 8) && wlong == (forcew ? two : three) && wshort == two &&
-                      wthin == two;
+                      wthin == two && wtie == (forcew ? two : three);
         }
         if (!rule_ok) {
             printf("FAIL nb_pa_step_entry_vectors: %d (max), %d (a wave), %d (16 waves of three-tile CTAs), "
-                   "%d (2.5 waves), %d (1 wave + 4 CTAs)\n", wv, w1, wlong, wshort, wthin);
+                   "%d (2.5 waves), %d (1 wave + 4 CTAs), %d (4 waves against 7)\n", wv, w1, wlong, wshort, wthin,
+                   wtie);
             g_fail++;
         }
         if (wv >= 16 && 16 / ratio > per) check_inv(16 / ratio, "two-tile entries");
