@@ -209,6 +209,27 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
            nb_backend_cuda_dense_swiglu_layers(bg), n_layers, nb_backend_cuda_dense_rope_layers(bg));
     CHECK(nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(ec)) == -1 &&
           nb_backend_cuda_dense_rope_layers(nb_engine_backend(ec)) == -1);
+    // Pass timing (benchmarks): refused on the cpu backend (times 0); on
+    // the cuda one it counts the forwards run while it is on, with device
+    // time inside them and non-negative gaps, and nothing after it is off.
+    {
+        double busy = -1, gap = -1, nll;
+        long np = -1;
+        CHECK(nb_backend_cuda_pass_timing(nb_engine_backend(ec), 1) == NB_ERR_INVALID_ARG);
+        nb_backend_cuda_pass_times(nb_engine_backend(ec), &busy, &gap, &np);
+        CHECK(busy == 0 && gap == 0 && np == 0);
+        nb_backend *bt = nb_engine_backend(eg);
+        CHECK(nb_backend_cuda_pass_timing(bt, 1) == NB_OK);
+        free(score_logits(eg, tok, 6, 1, NB_FWD_TARGET, &nll));
+        nb_backend_cuda_pass_times(bt, &busy, &gap, &np);
+        CHECKF(np >= 2 && busy > 0 && gap >= 0, "pass timing: %ld forwards, %.3f ms inside, %.3f ms between", np,
+               busy, gap);
+        const long np_on = np;
+        CHECK(nb_backend_cuda_pass_timing(bt, 0) == NB_OK);
+        free(score_logits(eg, tok, 6, 1, NB_FWD_TARGET, &nll));
+        nb_backend_cuda_pass_times(bt, &busy, &gap, &np);
+        CHECKF(np == 0 && busy == 0 && gap == 0, "pass timing off: %ld forwards counted (%ld while on)", np, np_on);
+    }
     setenv("NB_WQ_SWIGLU", "0", 1);
     setenv("NB_WQ_ROPE", "0", 1);
     setenv("NB_DENSE_SWIGLU", "0", 1);
