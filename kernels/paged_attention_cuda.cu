@@ -1583,18 +1583,43 @@ bool use_pf(const nb_pa_args *a, bool aligned) {
 // the row-invariant split, at two CTAs per SM (tc_by_cps), 0.6-4.5% faster
 // from 32k tokens and 7% at batch 1 4k (1.7% slower at batch 1 16k; one-row
 // calls), and a verify entry's rows (up to 8) do not add to its cost per
-// byte as they do to the scalar kernel's. The choice depends
-// on the model's head ratio, the view and the split kind only, never on
-// the rows of a call, so a verify row and the target-only decode row at
-// the same position take the same kernel (the row-invariance contract of
-// fixed_chunk_groups). NB_PA_TC=0 / NB_PA_TC=1 in the environment force
-// the scalar / tensor-core kernel (benchmarks and tests compare the two;
-// read per call).
+// byte as they do to the scalar kernel's. That one exception (the
+// batch-tuned target view at one query head per kv head) holds where each
+// SM has little DRAM bandwidth to keep up with: on an H200 (4.9 TB/s
+// theoretical, 37 GB/s per SM) the tensor-core kernel is 4-22% faster there
+// too (docs/benchmarks.md, session 34), on an H100 SXM (25 GB/s per SM)
+// 0.96-1.02x; so it takes the tensor-core kernel from 30 GB/s per SM
+// (dram_gbps_per_sm). The choice depends on the device, the model's head
+// ratio, the view and the split kind only, never on the rows of a call, so
+// a verify row and the target-only decode row at the same position take
+// the same kernel (the row-invariance contract of fixed_chunk_groups).
+// NB_PA_TC=0 / NB_PA_TC=1 in the environment force the scalar /
+// tensor-core kernel (benchmarks and tests compare the two; read per call).
+constexpr double TC_TARGET1_GBPS_PER_SM = 30.0;
+// The current device's theoretical DRAM bandwidth per SM, GB/s: memory
+// clock x 2 (double data rate) x bus width / SMs, read once per device (0
+// when the device does not report it).
+double dram_gbps_per_sm() {
+    static int dev = -1;
+    static double v = 0.0;
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return 0.0;
+    if (cur != dev) {
+        int khz = 0, bits = 0, sms = 0;
+        v = 0.0;
+        if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, cur) == cudaSuccess &&
+            cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, cur) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) == cudaSuccess && sms > 0)
+            v = 2.0 * khz * 1e3 * (bits / 8.0) / sms / 1e9;
+        dev = cur;
+    }
+    return v;
+}
 bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
     const char *e = getenv("NB_PA_TC");
     if (e && e[0] == '0') return false;
     if (e && e[0] == '1') return true;
-    return mode != NB_PA_TARGET || gqa >= 2 || inv;
+    return mode != NB_PA_TARGET || gqa >= 2 || inv || dram_gbps_per_sm() >= TC_TARGET1_GBPS_PER_SM;
 }
 // Row-invariant target-view calls of 9-16 query vectors per kv head (a
 // verify entry of up to 16 / GQA rows) on the tensor-core kernel with two

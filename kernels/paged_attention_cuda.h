@@ -22,8 +22,9 @@
 // mma.sync on nibble codes turned into exact f16 subnormals, q*S split hi +
 // lo). The tensor-core kernel takes every view of models with >= 2 query
 // heads per kv head and the draft / FP-only views with 1, and with the
-// row-invariant split the target view with 1 too (its FP-only view on f16
-// caches only), and row-invariant target-view entries of 9-16 query
+// row-invariant split, or on a device with >= 30 GB/s of DRAM bandwidth per
+// SM (an H200; not an H100 SXM), the target view with 1 too (its FP-only
+// view on f16 caches only), and row-invariant target-view entries of 9-16 query
 // vectors (verify rows at GQA >= 2; nb_pa_step_entry_vectors);
 // NB_PA_TC=0 / 1 in the environment forces the scalar /
 // tensor-core kernel where both apply. More query vectors (prefill chunks)

@@ -359,6 +359,13 @@ int main(int argc, char **argv) {
     int32_t step_groups, step_n, step_unused;
     nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, 1, &step_groups, &step_n,
                      &step_unused);
+    int mem_khz = 0, bus_bits = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0));
+    CUDA_OK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0));
+    const double theo = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+    printf("\ntheoretical DRAM bandwidth %.0f GB/s (%.1f GB/s per SM; the batch-tuned target view at 1 query head "
+           "per kv head takes the tensor-core kernel from 30)",
+           theo, theo / prop.multiProcessorCount);
     printf("\nmeasured peak (cudaMemcpy D2D, read+write): %.0f GB/s; cache %s; L2 flush: %s; split: %s", peak, dtype,
            flush_mode, split);
     if (step) printf(" (fixed chunks of %d groups, engine max_seq_len %d)", step_groups, step_max_len);
