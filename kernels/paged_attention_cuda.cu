@@ -1585,11 +1585,11 @@ bool use_pf(const nb_pa_args *a, bool aligned) {
 // calls), and a verify entry's rows (up to 8) do not add to its cost per
 // byte as they do to the scalar kernel's. That one exception (the
 // batch-tuned target view at one query head per kv head) holds where each
-// SM has little DRAM bandwidth to keep up with: on an H200 (4.9 TB/s
-// theoretical, 37 GB/s per SM) the tensor-core kernel is 4-22% faster there
-// too (docs/benchmarks.md, session 34), on an H100 SXM (25 GB/s per SM)
-// 0.96-1.02x; so it takes the tensor-core kernel from 30 GB/s per SM
-// (dram_gbps_per_sm). The choice depends on the device, the model's head
+// SM has little DRAM bandwidth to keep up with: on an H200 (4.8 TB/s
+// theoretical, 36.5 GB/s per SM) the tensor-core kernel is 4-22% faster
+// there too (docs/benchmarks.md, session 34), on an H100 SXM (3.35 TB/s,
+// 25.4 GB/s per SM) 0.96-1.02x; so it takes the tensor-core kernel from
+// TC_TARGET1_GBPS_PER_SM (dram_gbps_per_sm). The choice depends on the device, the model's head
 // ratio, the view and the split kind only, never on the rows of a call, so
 // a verify row and the target-only decode row at the same position take
 // the same kernel (the row-invariance contract of fixed_chunk_groups).
