@@ -934,26 +934,29 @@ template <bool SWZ> __device__ __forceinline__ int mo_col(int m, int c) {
 // __syncthreads. Writes the normalized output when the call has one
 // batch-tuned chunk, else the chunk's partial for pa_merge_kernel. Merged
 // in a fixed warp order (deterministic).
-template <int NW, int M, int D, bool SWZ = false>
-__device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
-                                              int Mt, const float *mo, const float *mlp) {
+// dec_cta_merge_at reads warp w's row m through mo_at(w, m) (its D outputs,
+// columns placed by mo_col<SWZ>) and ml_at(w, m) (its max, sum); last: the
+// CTA's last chunk (the merge kernel may then be scheduled).
+template <int NW, int M, int D, bool SWZ, typename MO, typename ML>
+__device__ __forceinline__ void dec_cta_merge_at(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
+                                                 int Mt, MO mo_at, ML ml_at, bool last) {
     // Every load of the chunk is done: the merge kernel may be scheduled
     // (it waits for this grid to complete before it reads a partial).
-    nb_pdl::trigger();
+    if (last) nb_pdl::trigger();
     const int g = P.g;
     for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
         const int m = i / D, c = i - m * D;
         float mx = -INFINITY;
 #pragma unroll
         for (int w = 0; w < NW; w++)
-            if (mlp[2 * (w * M + m) + 1] > 0.0f) mx = fmaxf(mx, mlp[2 * (w * M + m)]);
+            if (ml_at(w, m)[1] > 0.0f) mx = fmaxf(mx, ml_at(w, m)[0]);
         float o = 0.0f, l = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; w++) {
-            const float lw = mlp[2 * (w * M + m) + 1];
+            const float lw = ml_at(w, m)[1];
             if (lw > 0.0f) {
-                const float f = exp2f(mlp[2 * (w * M + m)] - mx);
-                o = fmaf(mo[(w * M + m) * D + mo_col<SWZ>(m, c)], f, o);
+                const float f = exp2f(ml_at(w, m)[0] - mx);
+                o = fmaf(mo_at(w, m)[mo_col<SWZ>(m, c)], f, o);
                 l = fmaf(lw, f, l);
             }
         }
@@ -968,6 +971,13 @@ __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S
             }
         }
     }
+}
+template <int NW, int M, int D, bool SWZ = false>
+__device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
+                                              int Mt, const float *mo, const float *mlp) {
+    dec_cta_merge_at<NW, M, D, SWZ>(
+        P, S, seq, chunk, kvh, Mt, [&](int w, int m) { return mo + (w * M + m) * D; },
+        [&](int w, int m) { return mlp + 2 * (w * M + m); }, true);
 }
 
 // An empty chunk still tells the merge it holds nothing.
@@ -1451,11 +1461,33 @@ void plan_units(pa_kp &kp, const nb_pa_args *a, int units_max, long base, long t
     kp.n_chunks = cdiv(units_max, kp.upc);
 }
 
+// CTAs per (entry, kv head) of a row-invariant call on the one-tile
+// tensor-core kernel (target and FP views). Where the call's pairs leave
+// room for at least two CTAs each in one wave, about one wave (slots /
+// pairs), each CTA walking its chunks c, c + gx, ... and streaming across
+// their boundaries: a chunk's end costs no drain of the copies in flight
+// and the prologue (q, its fragments) is paid once per CTA, not per chunk.
+// Otherwise one CTA per chunk (the grid before session 35): with one CTA a
+// pair, walking all its chunks, the H100 ran Llama-2-shape batch 8 0.4-1.6%
+// slower than many one-chunk CTAs that the hardware balances across SMs
+// (the H200 6-8% faster; docs/benchmarks.md, session 35). A chunk's partial
+// is the same bits whichever CTA computes it and after whichever chunk, so
+// the grid may follow the call's batch. NB_PA_TC_STEP_CTAS=N in the
+// environment forces N (tests, benchmarks; read per call).
+int step_ctas(int n_chunks, long pairs, long slots) {
+    const char *e = getenv("NB_PA_TC_STEP_CTAS");
+    long gx = e && atoi(e) > 0 ? atoi(e) : slots / pairs;
+    if (!(e && atoi(e) > 0) && gx < 2) gx = n_chunks;
+    if (gx < 1) gx = 1;
+    if (gx > n_chunks) gx = n_chunks;
+    return (int)gx;
+}
+
 template <typename T, int MODE, int CPS, int NM = 1>
 nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     using C = tc_cfg<T, MODE, CPS, NM>;
-    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE, CPS, NM>;
-    static kern_dev kd;
+    void (*kern)(const pa_kp) = pa_tc_kernel<T, MODE, CPS, NM, false>;
+    static kern_dev kd, kd_walk;
     if (kern_prepare(kd, kern, C::SMEM) != NB_OK) return NB_ERR_BACKEND;
     const int dev_sms = kd.sms;
     // CPS CTAs per SM; chunks of 32-token slices (the kernel weights them by bytes).
@@ -1476,7 +1508,15 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     // quantized tiles before they wait for it (see the prologue). Same bits
     // either way.
     kp.pdl = a->pdl && nb_pdl::env_switch("NB_PA_TC_PDL", true);
-    if (nb_pdl::launch(kern, dim3((unsigned)kp.n_chunks, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs),
+    const int gx = kp.inv && C::PERSIST ? step_ctas(kp.n_chunks, (long)a->lay.n_kv_heads * a->n_seqs, (long)dev_sms * CPS)
+                                     : kp.n_chunks;
+    if constexpr (C::PERSIST) {
+        if (gx < kp.n_chunks) { // CTAs walking several chunks: the form with the walk
+            kern = pa_tc_kernel<T, MODE, CPS, NM, true>;
+            if (kern_prepare(kd_walk, kern, C::SMEM) != NB_OK) return NB_ERR_BACKEND;
+        }
+    }
+    if (nb_pdl::launch(kern, dim3((unsigned)gx, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs),
                        dim3(C::NT), C::SMEM, stream, kp.pdl != 0, kp) != cudaSuccess ||
         cudaGetLastError() != cudaSuccess)
         return NB_ERR_BACKEND;

@@ -60,7 +60,13 @@
 // (quantized, then FP), so a row's result depends only on its query,
 // position and cache contents: the MMA computes each column from its own
 // query only, masked tiles are exact no-ops, the power-of-two domain switch
-// is exact, and every merge runs in a fixed order.
+// is exact, and every merge runs in a fixed order. A row-invariant CTA of
+// the one-tile target or FP view may own several chunks (c, c + gridDim.x,
+// ...; step_ctas): each warp's ring runs on across their boundaries, a
+// TCF_CHUNK marker tile ending each chunk but the last; the warp writes its
+// partial into that marker's slot and the CTA merges the chunk there while
+// the other slots already stream the next chunk. The same arithmetic as a
+// one-chunk CTA, so the same bits.
 //
 // Shapes: D = 128, G % 32 == 0, f16 or bf16 cache (FP_ONLY: f16 only; bf16
 // FP-block values are converted to f16, exact within f16's range; finite
@@ -173,7 +179,8 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr int QS_OFF = QF_OFF + QF_BYTES, QS_BYTES = NM > 1 ? NW * NM * 8 * 32 * 16 : 0;
     static constexpr int BAR_OFF = QS_OFF + QS_BYTES;
     static constexpr int DESC_OFF = BAR_OFF + NW * NSW * 8;
-    static constexpr int RING_OFF = (DESC_OFF + NW * NSW * 16 + 127) & ~127;
+    static constexpr int MSL_OFF = DESC_OFF + NW * NSW * 16; // [NW] each warp's chunk-marker slot
+    static constexpr int RING_OFF = (MSL_OFF + NW * 4 + 127) & ~127;
     static constexpr int SMEM = RING_OFF + NW * NSW * SLOT;
     static constexpr int MERGE_BYTES = NW * MV * TC_D * 4 + NW * MV * 2 * 4;
     // The CTA merge's outputs and (max, sum) pairs alias the ring; with three
@@ -186,10 +193,16 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
                           : MERGE_BYTES <= NW * NSW * SLOT,
                   "the CTA merge area aliases the ring (NM = 3: and the q * S fragments)");
     static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
+    // Several row-invariant chunks per CTA: the one-tile target and FP views
+    // (the draft's registers are at their cap: it spilled).
+    static constexpr bool PERSIST = NM == 1 && MODE != NB_PA_DRAFT;
+    static_assert(!PERSIST || MV * TC_D * 4 + MV * 2 * 4 <= SLOT, "a warp's partial fits in its chunk marker's slot");
 };
 
 // Descriptor flags of a tile (written by the warp's issuing lane per slot).
-constexpr int TCF_FP = 1, TCF_NEWBLK = 8, TCF_END = 16; // bits 1-2: rmask (row class of C_F1)
+// TCF_CHUNK: no tile; the warp's last tile of its CTA's current chunk came
+// before it (row-invariant split, a CTA of several chunks).
+constexpr int TCF_FP = 1, TCF_NEWBLK = 8, TCF_END = 16, TCF_CHUNK = 32; // bits 1-2: rmask (row class of C_F1)
 
 // ---- PTX wrappers ----
 
@@ -360,12 +373,19 @@ template <int MAP> __device__ __forceinline__ void tc_qb_word(uint32_t *qb, cons
     qb[((wi >> 2) * 32 + ln) * 4 + (wi & 3)] = v;
 }
 
-template <typename T, int MODE, int CPS, int NM>
+// WALK: the form whose CTAs may own several row-invariant chunks (C::PERSIST
+// configurations only; tc_launch takes it only when step_ctas gives fewer
+// CTAs than chunks, so every other call keeps the registers of the form
+// without the walk: measured 4-10% faster for the batch-tuned target view
+// on an H200, session 35).
+template <typename T, int MODE, int CPS, int NM, bool WALK>
 __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kernel(const pa_kp P) {
     using C = tc_cfg<T, MODE, CPS, NM>;
     constexpr int NW = C::NW, NSW = C::NSW, NT = C::NT, QT = C::QT, MV = C::MV;
     constexpr bool QUANT = C::QUANT, TGT = C::TGT;
     constexpr bool F16 = std::is_same<T, __half>::value;
+    constexpr bool PERSIST = WALK; // several chunks per CTA (tc_launch, step_ctas)
+    static_assert(!WALK || C::PERSIST, "the walk: one-tile target and FP views");
     constexpr int D = TC_D, RB = D / 2;
     constexpr float K24 = 16777216.0f; // 2^24: undoes the subnormal code scale
     extern __shared__ __align__(128) uint8_t smem[];
@@ -374,6 +394,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     uint64_t *bars = (uint64_t *)(smem + C::BAR_OFF);
     int4 *descs = (int4 *)(smem + C::DESC_OFF);
     uint8_t *ring = smem + C::RING_OFF;
+    int *msl = (int *)(smem + C::MSL_OFF);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -405,10 +426,23 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         if (x <= q) return (int)((x + C::WQ - 1) / C::WQ);
         return nQs + (int)((x - q + C::WF - 1) / C::WF);
     };
-    int ks, ke;
+    // Row-invariant split: this CTA owns chunks chunk, chunk + gx, ... (gx =
+    // gridDim.x; one each unless tc_launch gave it several, NM = 1 only),
+    // the first n_full of them with content (positions only grow). It
+    // streams across their boundaries: see TCF_CHUNK.
+    const int gx = (int)gridDim.x;
+    int ks, ke, n_own = 1, n_full = 1;
     if (P.inv) {
+        const long c0 = (long)chunk * P.upc * G;
+        if constexpr (PERSIST) {
+            const long span = (long)gx * P.upc * G;
+            n_own = (P.n_chunks - chunk + gx - 1) / gx;
+            n_full = c0 < pos_end ? (int)min((long)n_own, (pos_end - c0 + span - 1) / span) : 0;
+        } else {
+            n_full = c0 < pos_end;
+        }
         ks = 0;
-        ke = ((long)chunk * P.upc * G < pos_end) ? P.upc * spu : 0;
+        ke = n_full > 0 ? P.upc * spu : 0;
     } else {
         const long long W = cost(nS);
         ks = slice_at(W * chunk / P.n_chunks);
@@ -416,7 +450,11 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     }
     if (ks >= ke) {
         if (P.pdl) nb_pdl::wait(); // the workspace may still be read by the call before this one
-        dec_empty_chunk(P, seq, chunk, kvh, Mt);
+        if constexpr (PERSIST) {
+            for (int i = 0; i < n_own; i++) dec_empty_chunk(P, seq, chunk + i * gx, kvh, Mt);
+        } else {
+            dec_empty_chunk(P, seq, chunk, kvh, Mt);
+        }
         return;
     }
     TC_TRACE(0);
@@ -448,13 +486,17 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         k0 = max(ks, slice_at(a + (b - a) * warp / NW));
         k1 = min(ke, slice_at(a + (b - a) * (warp + 1) / NW));
     }
-    int dlo = k1, dhi = k1;
-    if (P.inv && pq) {
-        const int kq = (nq - chunk * P.upc) * spu;
-        dlo = max(k0, kq);
-        dhi = min(k1, kq + spu);
-        if (dlo >= dhi) dlo = dhi = k1;
-    }
+    int dlo, dhi;
+    auto set_parts = [&](int c) { // the parts of chunk c (the same k0, k1 in every chunk)
+        dlo = dhi = k1;
+        if (P.inv && pq) {
+            const int kq = (nq - c * P.upc) * spu;
+            dlo = max(k0, kq);
+            dhi = min(k1, kq + spu);
+            if (dlo >= dhi) dlo = dhi = k1;
+        }
+    };
+    set_parts(chunk);
     const size_t es = sizeof(T);
     // Two-slice draft tiles halve the per-tile cost (wait, descriptor,
     // copies) but double the latency to a warp's first scores: only for
@@ -468,6 +510,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     // Tile iterator, run by every lane with the same values (lane 0 does
     // the side effects). Per unit: its block, position and byte bases.
     int it_p = 0, it_k = k0, it_kend = dlo, it_half = 0, it_prev = -1, it_u = -1;
+    int it_chunk = chunk, it_ci = 0; // the chunk being issued, its index among the CTA's
     int it_blk = 0, it_upos = 0, it_ntok = 0, it_rm = 0;
     // Block id of unit u (the call's tables in global memory); the next
     // unit's is loaded when a unit starts, so it has arrived when needed.
@@ -498,6 +541,21 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                 continue;
             }
             if (it_p >= 4) {
+                if (PERSIST && it_ci + 1 < n_full) { // the CTA's next chunk: a marker, then its tiles
+                    it_ci++;
+                    it_chunk += gx;
+                    set_parts(it_chunk);
+                    it_p = 0;
+                    it_k = k0;
+                    it_kend = dlo;
+                    it_half = 0;
+                    it_prev = it_u = it_next = -1; // its first quantized tile folds its block's K steps
+                    if (lane == 0) {
+                        wdesc[slot] = make_int4(0, 0, TCF_CHUNK, 0);
+                        mbar_arrive_tx(bar, 0);
+                    }
+                    return true;
+                }
                 if (lane == 0) {
                     wdesc[slot] = make_int4(0, 0, TCF_END, 0);
                     mbar_arrive_tx(bar, 0);
@@ -508,7 +566,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             const int kr = it_k - kq * spu;
             int u = kq;
             if (P.inv) {
-                const int gi = chunk * P.upc + kq;
+                const int gi = it_chunk * P.upc + kq;
                 if (gi * G >= pos_end) { // positions only grow: nothing after this is visible
                     it_p = 4;
                     continue;
@@ -694,6 +752,58 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[j][b][i] *= f;
             }
+    };
+
+    // The warp's partial of its chunk: the lanes' sums reduced, outputs
+    // mo[m * D + mo_col<true>(m, c)] (unnormalized, in values) and mlp[2m],
+    // mlp[2m + 1] (max, sum) for query vectors m of its tiles.
+    auto warp_partial = [&](float *mo, float *mlp) {
+        if (qdom) to_values();
+#pragma unroll
+        for (int j = 0; j < NM; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) {
+                    lsum[j][h] += __shfl_xor_sync(0xffffffffu, lsum[j][h], o);
+                    zsum[j][h] += __shfl_xor_sync(0xffffffffu, zsum[j][h], o);
+                }
+            }
+#pragma unroll
+        for (int j = 0; j < NM; j++)
+#pragma unroll
+            for (int b = 0; b < 8; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int h = i & 1, m = TC_M * j + 2 * t4 + h, c = tc_out_ch(g8, b, i >> 1);
+                    mo[m * D + mo_col<true>(m, c)] = acc[j][b][i] + zsum[j][h];
+                }
+        if (g8 == 0) {
+#pragma unroll
+            for (int j = 0; j < NM; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int m = TC_M * j + 2 * t4 + h;
+                    mlp[2 * m] = mrun[j][h];
+                    mlp[2 * m + 1] = lsum[j][h];
+                }
+        }
+    };
+    // A fresh chunk: the state the per-lane setup above leaves.
+    auto reset_state = [&]() {
+#pragma unroll
+        for (int j = 0; j < NM; j++) {
+#pragma unroll
+            for (int b = 0; b < 8; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[j][b][i] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mrun[j][h] = -INFINITY;
+                lsum[j][h] = zsum[j][h] = qz[j][h] = 0.0f;
+            }
+        }
+        qdom = QUANT;
     };
 
     // One online-softmax step over NMT score m-tiles of a tile. sc: raw MMA
@@ -902,11 +1012,45 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     auto qb_q = [&](int j) -> const uint32_t * { return qb + j * 2 * 32 * 32; };
     auto qb_fp = [&](int j) -> const uint32_t * { return qb + j * 2 * 32 * 32 + 32 * 32; };
 
+    int cur_chunk = chunk; // the chunk whose tiles the warp consumes
 #pragma unroll 1
     for (int slot = 0, par = 0;;) {
         mbar_wait(wbar + slot, par);
         const int4 dsc = wdesc[slot];
         if (dsc.z & TCF_END) break;
+        if constexpr (PERSIST) {
+            if (dsc.z & TCF_CHUNK) {
+                // The end of chunk cur_chunk for this warp. Its partial goes
+                // into this marker's slot (the ring's other slots already
+                // stream the next chunk's tiles), the CTA merges the warps'
+                // partials as the last chunk's are merged (the same bits),
+                // and the warp starts the next chunk afresh.
+                float *mo_w = (float *)(wring + slot * C::SLOT);
+                warp_partial(mo_w, mo_w + MV * D);
+                if (lane == 0) msl[warp] = slot;
+                __syncthreads();
+                dec_cta_merge_at<NW, MV, D, true>(
+                    P, S, seq, cur_chunk, kvh, Mt,
+                    [&](int w, int m) -> const float * {
+                        return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + m * D;
+                    },
+                    [&](int w, int m) -> const float * {
+                        return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + MV * D + 2 * m;
+                    },
+                    false);
+                __syncthreads(); // every warp's marker slot is read: they may be refilled
+                reset_state();
+                cur_chunk += gx;
+                __syncwarp();
+                if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                issue(slot, true);
+                if (++slot == NSW) {
+                    slot = 0;
+                    par ^= 1;
+                }
+                continue;
+            }
+        }
         const uint8_t *st = wring + slot * C::SLOT;
         const int fl = dsc.z & 0xff, tl = dsc.z >> 8, tpos = dsc.y, rmask = (fl >> 1) & 3;
 
@@ -1146,7 +1290,6 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             par ^= 1;
         }
     }
-    if (qdom) to_values();
     TC_TRACE(2);
     TC_TRACE_WARPS();
 #ifdef NB_PA_TRACE
@@ -1159,39 +1302,11 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     }
 #endif
 
-    // ---- reduce the lanes' sums, then the CTA's warps merge ----
-#pragma unroll
-    for (int j = 0; j < NM; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                lsum[j][h] += __shfl_xor_sync(0xffffffffu, lsum[j][h], o);
-                zsum[j][h] += __shfl_xor_sync(0xffffffffu, zsum[j][h], o);
-            }
-        }
+    // ---- the CTA's warps merge ----
     __syncthreads(); // every warp is done with its ring: the merge area aliases it
     float *mo = (float *)(smem + C::MERGE_OFF); // [NW][MV][D], columns placed by mo_col<true>
     float *mlp = (float *)(smem + C::MLP_OFF);
-#pragma unroll
-    for (int j = 0; j < NM; j++)
-#pragma unroll
-        for (int b = 0; b < 8; b++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int h = i & 1, m = TC_M * j + 2 * t4 + h, c = tc_out_ch(g8, b, i >> 1);
-                mo[(warp * MV + m) * D + mo_col<true>(m, c)] = acc[j][b][i] + zsum[j][h];
-            }
-    if (g8 == 0) {
-#pragma unroll
-        for (int j = 0; j < NM; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = TC_M * j + 2 * t4 + h;
-                mlp[2 * (warp * MV + m)] = mrun[j][h];
-                mlp[2 * (warp * MV + m) + 1] = lsum[j][h];
-            }
-    }
+    warp_partial(mo + warp * MV * D, mlp + 2 * warp * MV);
     __syncthreads();
 #ifdef NB_PA_TRACE
     if (g_pa_skip_merge == 2) {
@@ -1200,6 +1315,9 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         return;
     }
 #endif
-    dec_cta_merge<NW, MV, D, true>(P, S, seq, chunk, kvh, Mt, mo, mlp);
+    dec_cta_merge<NW, MV, D, true>(P, S, seq, cur_chunk, kvh, Mt, mo, mlp);
     TC_TRACE(3);
+    if constexpr (PERSIST) {
+        for (int i = n_full; i < n_own; i++) dec_empty_chunk(P, seq, chunk + i * gx, kvh, Mt);
+    }
 }

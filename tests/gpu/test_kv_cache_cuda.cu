@@ -718,6 +718,13 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
             ibad += cmp_vals(ref, out, qn, &iworst);
             float *one = (float *)malloc((size_t)Hq * D * 4);
             int rw = 0;
+            // The one-row calls with one chunk per CTA (the tensor-core
+            // kernel's grid without step_ctas): the batch call above, with
+            // several chunks per CTA where its pairs leave fewer CTAs than
+            // chunks (or as NB_PA_TC_STEP_CTAS forces), must give the same bits.
+            const char *sc_env = getenv("NB_PA_TC_STEP_CTAS");
+            char *sc_saved = sc_env ? strdup(sc_env) : NULL;
+            setenv("NB_PA_TC_STEP_CTAS", "65536", 1);
             for (int i = 0; i < n && si == NB_OK; i++)
                 for (int r = 0; r < cs[i].rows; r++, rw++) {
                     const seq_case *s0 = &cs[i];
@@ -734,6 +741,9 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
                                             max_chunks, scale);
                     if (s1 != NB_OK || memcmp(one, out + (size_t)rw * Hq * D, (size_t)Hq * D * 4) != 0) neq++;
                 }
+            if (sc_saved) setenv("NB_PA_TC_STEP_CTAS", sc_saved, 1);
+            else unsetenv("NB_PA_TC_STEP_CTAS");
+            free(sc_saved);
             g_atol = ATOL;
             printf("%s attention %-4s D=%-3d G=%-3d gqa=%d %-7s row-invariant (chunk %d groups, %s, %s <= %d rows): "
                    "%d entries, max |err| %.2e, %ld of %d rows differ from their one-row decode%s\n",
