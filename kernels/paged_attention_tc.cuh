@@ -703,16 +703,28 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     float qz[NM][2];  // the current block's score offset (log2 units)
     int qpos[NM][2];
     bool qok[NM][2], qpre[NM][2];
+    bool qdom = QUANT; // accumulators still in the code domain
+    // A fresh chunk's accumulators and softmax state.
+    auto reset_state = [&]() {
+#pragma unroll
+        for (int j = 0; j < NM; j++) {
+#pragma unroll
+            for (int b = 0; b < 8; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[j][b][i] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mrun[j][h] = -INFINITY;
+                lsum[j][h] = zsum[j][h] = qz[j][h] = 0.0f;
+            }
+        }
+        qdom = QUANT;
+    };
+    reset_state();
 #pragma unroll
     for (int j = 0; j < NM; j++) {
 #pragma unroll
-        for (int b = 0; b < 8; b++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[j][b][i] = 0.0f;
-#pragma unroll
         for (int h = 0; h < 2; h++) {
-            mrun[j][h] = -INFINITY;
-            lsum[j][h] = zsum[j][h] = qz[j][h] = 0.0f;
             const int m = TC_M * j + 2 * t4 + h;
             qok[j][h] = m < Mt;
             qpos[j][h] = S.pos0 + (qok[j][h] ? m / gq : 0);
@@ -737,7 +749,6 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         if constexpr (NM == 1) return make_uint4(qsh[2 * s], qsh[2 * s + 1], qsl[2 * s], qsl[2 * s + 1]);
         else return qsw[(j * 8 + s) * 32 + lane];
     };
-    bool qdom = QUANT; // accumulators still in the code domain
     // Code domain -> values (exact powers of two). The accumulators hold
     // sum p * S_t * code * 2^-24 (P' = p * S_t, codes as subnormals): the
     // draft's m-tiles 0-3 with code = U (value U * S: x 2^24), 4-7 with code =
@@ -788,22 +799,6 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                     mlp[2 * m + 1] = lsum[j][h];
                 }
         }
-    };
-    // A fresh chunk: the state the per-lane setup above leaves.
-    auto reset_state = [&]() {
-#pragma unroll
-        for (int j = 0; j < NM; j++) {
-#pragma unroll
-            for (int b = 0; b < 8; b++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[j][b][i] = 0.0f;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                mrun[j][h] = -INFINITY;
-                lsum[j][h] = zsum[j][h] = qz[j][h] = 0.0f;
-            }
-        }
-        qdom = QUANT;
     };
 
     // One online-softmax step over NMT score m-tiles of a tile. sc: raw MMA
