@@ -37,7 +37,7 @@ int main(void) {
     const char *args[] = {"--model", model, "--endpoint", "{EP}", "--max-message-bytes", "65536",
                           "--max-seqs", "8", "--max-gamma", "6", "--log-level", "info", NULL};
     if (!wh_start(&w, ctx, args)) return 1;
-    g_c = wh_client(ctx, w.endpoint, 10000);
+    g_c = wh_client(ctx, w.endpoint, 30000);
 
     Nibbler__V1__Response *r = wh_hello(g_c);
     expect_request_code(r, NIBBLER__V1__CODE__OK, "hello");

@@ -179,13 +179,30 @@ static inline Nibbler__V1__Response *wh_recv(void *sock) {
     return r;
 }
 
+static inline uint64_t wh_next_id(void) {
+    static uint64_t id = 1000;
+    return ++id;
+}
+
+// Sends req and returns the reply with req's id. A request without an id
+// (0) gets a fresh one, so that a reply arriving after its request timed out
+// (a slow machine, a sanitizer build) is recognised and dropped instead of
+// being taken as the answer to every later request on the socket.
 static inline Nibbler__V1__Response *wh_call(void *sock, const Nibbler__V1__Request *req) {
+    Nibbler__V1__Request q = *req;
+    if (q.id == 0) q.id = wh_next_id();
     uint8_t *buf = NULL;
     size_t cap = 0, len = 0;
-    if (!nb_proto_pack(&req->base, &buf, &cap, &len)) return NULL;
+    if (!nb_proto_pack(&q.base, &buf, &cap, &len)) return NULL;
     bool ok = wh_send_raw(sock, buf, len);
     free(buf);
     Nibbler__V1__Response *r = ok ? wh_recv(sock) : NULL;
+    while (r && r->id != q.id) {
+        fprintf(stderr, "wh_call: dropped a late reply (id %llu) while waiting for id %llu\n",
+                (unsigned long long)r->id, (unsigned long long)q.id);
+        nibbler__v1__response__free_unpacked(r, NULL);
+        r = wh_recv(sock);
+    }
     int st;
     if (!r && wh_guard && wh_guard->pid > 0 && waitpid(wh_guard->pid, &st, WNOHANG) == wh_guard->pid) {
         wh_guard->pid = 0;
@@ -199,11 +216,6 @@ static inline Nibbler__V1__Response *wh_call(void *sock, const Nibbler__V1__Requ
 static inline void wh_free(Nibbler__V1__Response **r) {
     if (*r) nibbler__v1__response__free_unpacked(*r, NULL);
     *r = NULL;
-}
-
-static inline uint64_t wh_next_id(void) {
-    static uint64_t id = 1000;
-    return ++id;
 }
 
 static inline Nibbler__V1__Response *wh_hello(void *sock) {
