@@ -8,8 +8,9 @@ enable_gqa=True; falls back to repeating KV if this torch's flash kernel
 refuses GQA, and says so), batch 1 and 8, contexts 4k..128k. Each timed
 iteration follows the same L2 flush as the CUDA bench (--flush read: a
 reduction over 4x the L2 size, leaving clean lines; write: a fill of 2x the
-L2 size, leaving dirty ones; none), CUDA events around the SDPA call only,
-median of the iterations. Bytes = K + V + q + out (fp16). Prints the same
+L2 size, leaving dirty ones; none), then a GPU spin long enough for Python
+to queue the call behind it, CUDA events around the SDPA call only, median
+of the iterations. Bytes = K + V + q + out (fp16). Prints the same
 markdown table columns.
 
 usage: bench_attention_sdpa.py [--quick] [--iters N] [--flush read|write|none]
@@ -20,6 +21,11 @@ import statistics
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+# ~0.5 ms at the H100's and H200's clocks: longer than PyTorch takes to
+# dispatch one SDPA call from Python.
+SPIN_CYCLES = 1_000_000
 
 
 def main():
@@ -89,6 +95,12 @@ def main():
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     for i in range(args.iters + 3):
                         flush_l2(i)
+                        # NOTE: the GPU spins after the flush while Python
+                        # queues the events and the SDPA call behind it, so
+                        # no host time (PyTorch's dispatch of the call) is
+                        # inside the events: the C bench's launches are
+                        # queued behind its flush the same way.
+                        torch.cuda._sleep(SPIN_CYCLES)
                         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         s.record()
                         run()
