@@ -70,16 +70,6 @@
 // The timed-call floor's kernel.
 __global__ void empty_kernel() {}
 
-// Keeps the GPU busy for ~cycles clocks between the flush and the timed call
-// (one thread), as bench_attention_sdpa.py does with torch.cuda._sleep: the
-// call is queued before the GPU reaches the first event in both benches.
-constexpr long long kSpinCycles = 1000000;
-__global__ void spin_kernel(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
-}
-
 // Reads n 16-byte words; the xor is stored only if it hits a magic value
 // (practically never), which keeps the loads.
 __global__ void read_flush(const uint4 *p, size_t n, uint32_t *sink) {
@@ -271,7 +261,7 @@ int main(int argc, char **argv) {
             // behind a flush kernel, as the timed calls below: the launches
             // are queued before the GPU reaches e0 (no host time inside)
             read_flush<<<prop.multiProcessorCount * 8, 512>>>((const uint4 *)flush, flush_bytes / 16, sink);
-            spin_kernel<<<1, 1>>>(kSpinCycles);
+            bench_spin<<<1, 1>>>(kBenchSpinCycles);
             CUDA_OK(cudaEventRecord(e0));
             for (int k = 0; k < nk; k++) empty_kernel<<<prop.multiProcessorCount, 384>>>();
             CUDA_OK(cudaEventRecord(e1));
@@ -498,7 +488,7 @@ int main(int argc, char **argv) {
                         } else if (flush_kind == 1) {
                             CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
                         }
-                        spin_kernel<<<1, 1>>>(kSpinCycles);
+                        bench_spin<<<1, 1>>>(kBenchSpinCycles);
                         CUDA_OK(cudaEventRecord(e0));
 #ifdef NB_PA_TRACE
                         if (tracing && it == iters + 2) nb_pa_trace_marker(0);

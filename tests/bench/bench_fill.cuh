@@ -1,6 +1,7 @@
 // bench_fill.cuh: deterministic device fills for the attention benchmarks
 // (bench_attention_cuda, bench_prefill_attention): a hash of the element
-// index and a seed, so a run's data does not depend on the launch shape.
+// index and a seed, so a run's data does not depend on the launch shape;
+// and the spin both queue before a timed call.
 #ifndef NB_BENCH_FILL_CUH
 #define NB_BENCH_FILL_CUH
 
@@ -8,6 +9,17 @@
 #include <cuda_fp16.h>
 #include <stddef.h>
 #include <stdint.h>
+
+// Keeps the GPU busy for ~cycles clocks (one thread) before a timed call's
+// start event, so the call is queued before the GPU reaches that event and
+// no host time is inside the events (the SDPA scripts do the same with
+// torch.cuda._sleep for PyTorch's dispatch). ~0.5 ms on an H100 or H200.
+constexpr long long kBenchSpinCycles = 1000000;
+__global__ void bench_spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
 
 __device__ __forceinline__ uint32_t bench_hash(size_t i, uint32_t seed) {
     uint32_t h = (uint32_t)i * 2654435761u ^ seed;

@@ -10,6 +10,8 @@
 // the baseline.
 //
 // Method: random data, shuffled (non-contiguous) block tables, one sequence;
+// a GPU spin queued before each timed call (bench_spin: no launch time
+// inside the events);
 // CUDA events around the attention call (with its merge when split-K), median
 // of the timed iterations after two warm-up calls; no L2 flush (the call is
 // bound by arithmetic: at C = 1024 it does ~4 * 128 * 32 flops per byte of KV
@@ -173,6 +175,7 @@ int main(int argc, char **argv) {
                     const int n_it = k == 2 ? std::min(iters, 3) : iters; // the scalar kernel is slow
                     std::vector<float> t;
                     for (int i = 0; i < n_it + 2; i++) {
+                        bench_spin<<<1, 1>>>(kBenchSpinCycles);
                         CUDA_OK(cudaEventRecord(e0));
                         const nb_status st = nb_pa_attention(&a, 0);
                         CUDA_OK(cudaEventRecord(e1));

@@ -8,6 +8,7 @@ Llama-3-8B head shape (32 q / 8 kv heads x 128, enable_gqa; KV repeated
 outside the timed region if this torch's flash kernel refuses GQA, and the
 kernel column says so), torch.nn.functional.scaled_dot_product_attention
 with the FLASH backend (the EFFICIENT one if flash refuses the mask).
+A GPU spin queued before each call (no host time inside the events),
 CUDA events around the call, median of the iterations after two warm-up
 calls. TFLOP/s counts the causal work as bench_prefill_attention does.
 
@@ -73,6 +74,10 @@ def main():
             t = []
             with sdpa_kernel(backend):
                 for i in range(args.iters + 2):
+                    # NOTE: a GPU spin (~0.5 ms) while Python queues the
+                    # call, so PyTorch's dispatch is not inside the events
+                    # (bench_prefill_attention spins the same way).
+                    torch.cuda._sleep(1_000_000)
                     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     s.record()
                     F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, enable_gqa=gqa)
