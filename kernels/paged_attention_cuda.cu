@@ -1539,14 +1539,37 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
 // target view at batch 1 up to 32k is 6-34% slower with two, as its 8
 // (sequence, kv head) pairs leave the SMs few CTAs of half the warps, and
 // the Llama-2 shape's FP view is within 3% either way from 16k, 11% slower
-// at batch 1 4k. Batch-tuned calls are one wave: one CTA. The choice
-// depends on the view, the split kind and the model's head ratio only,
-// never on the call's rows or sequences (a row-invariant row must take the
-// same warp split whatever its batch).
-int tc_cps(nb_pa_mode mode, bool inv, int g) {
+// at batch 1 4k. For the row-invariant split the choice depends on the
+// view and the model's head ratio only, never on the call's rows or
+// sequences (a row-invariant row must take the same warp split whatever
+// its batch).
+// Batch-tuned calls are one wave of one CTA per SM, except the draft and
+// target views of mid-sized calls on an H100-class device (< 30 GB/s of
+// DRAM bandwidth per SM, dram_gbps_per_sm): from TC_CPS2_WORK_MIN to
+// TC_CPS2_WORK_MAX (kv heads x max_tokens x entries) / SMs, two. Measured
+// (H100, session 36, two runs, CPS 1 -> 2): Llama-3 shape batch 8 16k
+// target 0.1135 -> 0.1090 ms, draft 0.0674 -> 0.0652, 32k target 0.2064
+// -> 0.2020, draft 0.1193 -> 0.1148, batch 1 128k draft 0.0662 -> 0.0633;
+// Llama-2 draft batch 1 32k 0.0635 -> 0.0613, batch 8 4k 0.0732 ->
+// 0.0679; in the engine (bench_engine_long, Llama-3 shape) the batch-8
+// 16k draft call 17.51 -> 17.22 ms. Smaller calls gained in the kernel
+// benchmark but not in the engine (batch 1 4k-16k drafts ~1% slower
+// there, batch 1 64k draft 1-3% slower in both), larger ones lost 0.5-2.7%
+// (Llama-2 draft batch 8 64k 0.7795 -> 0.8002), and the FP view is within
+// +-1.6% either way.
+// work_per_sm: that figure for a batch-tuned call (ignored for inv).
+constexpr double TC_CPS2_WORK_MIN = 4000.0, TC_CPS2_WORK_MAX = 16000.0, TC_CPS2_MAX_GBPS_PER_SM = 30.0;
+double dram_gbps_per_sm();
+int dev_sm_count();
+int tc_cps(nb_pa_mode mode, bool inv, int g, double work_per_sm) {
     const char *e = getenv("NB_PA_TC_CPS");
     if (e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
-    return inv && (mode == NB_PA_DRAFT || (mode == NB_PA_TARGET && g == 1)) ? 2 : 1;
+    if (!inv)
+        return mode != NB_PA_FP_ONLY && work_per_sm >= TC_CPS2_WORK_MIN && work_per_sm <= TC_CPS2_WORK_MAX &&
+                       dram_gbps_per_sm() < TC_CPS2_MAX_GBPS_PER_SM
+                   ? 2
+                   : 1;
+    return mode == NB_PA_DRAFT || (mode == NB_PA_TARGET && g == 1) ? 2 : 1;
 }
 template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
     if constexpr (MODE == NB_PA_TARGET) { // wide entries (tc_wide): two query tiles per CTA
@@ -1554,7 +1577,8 @@ template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args 
         if (mv > 2 * TC_M) return tc_launch<T, MODE, 1, 3>(kp, a, s);
         if (mv > TC_M) return tc_launch<T, MODE, 1, 2>(kp, a, s);
     }
-    const int cps = tc_cps((nb_pa_mode)MODE, a->fixed_chunk_groups > 0, kp.g);
+    const int cps = tc_cps((nb_pa_mode)MODE, a->fixed_chunk_groups > 0, kp.g,
+                           (double)a->max_tokens * a->n_seqs * a->lay.n_kv_heads / dev_sm_count());
     return cps == 2 ? tc_launch<T, MODE, 2>(kp, a, s) : tc_launch<T, MODE, 1>(kp, a, s);
 }
 template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
@@ -1655,6 +1679,18 @@ double dram_gbps_per_sm() {
     }
     return v;
 }
+// The current device's SM count, read once per device (1 when unknown).
+int dev_sm_count() {
+    static int dev = -1, v = 1;
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return 1;
+    if (cur != dev) {
+        int sms = 0;
+        v = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) == cudaSuccess && sms > 0 ? sms : 1;
+        dev = cur;
+    }
+    return v;
+}
 bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
     const char *e = getenv("NB_PA_TC");
     if (e && e[0] == '0') return false;
@@ -1676,7 +1712,7 @@ bool tc_wide(const nb_kv_layout *lay, nb_pa_mode mode, int g) {
     if (e && e[0] == '0') return false;
     return mode == NB_PA_TARGET && lay->head_dim == TC_D && lay->group_size % 32 == 0 &&
            (lay->dtype == NB_DTYPE_F16 || lay->dtype == NB_DTYPE_BF16) && g >= 2 && use_tc(g, mode, true) &&
-           tc_cps(mode, true, g) == 1;
+           tc_cps(mode, true, g, 0.0) == 1;
 }
 template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
     if (M_max <= 1) return dec_by_mode<D, T, 1>(kp, a, s);
