@@ -1547,7 +1547,7 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
 // target views of mid-sized calls on an H100-class device (< 30 GB/s of
 // DRAM bandwidth per SM, dram_gbps_per_sm): from TC_CPS2_WORK_MIN to
 // TC_CPS2_WORK_MAX (kv heads x max_tokens x entries) / SMs, two. Measured
-// (H100, session 36, two runs, CPS 1 -> 2): Llama-3 shape batch 8 16k
+// (H100, session 36, three runs, CPS 1 -> 2): Llama-3 shape batch 8 16k
 // target 0.1135 -> 0.1090 ms, draft 0.0674 -> 0.0652, 32k target 0.2064
 // -> 0.2020, draft 0.1193 -> 0.1148, batch 1 128k draft 0.0662 -> 0.0633;
 // Llama-2 draft batch 1 32k 0.0635 -> 0.0613, batch 8 4k 0.0732 ->
