@@ -1663,6 +1663,18 @@ bool use_pf(const nb_pa_args *a, bool aligned) {
 // NB_PA_TC=0 / NB_PA_TC=1 in the environment force the scalar /
 // tensor-core kernel (benchmarks and tests compare the two; read per call).
 constexpr double TC_TARGET1_GBPS_PER_SM = 30.0;
+// The current device's SM count, read once per device (1 when unknown).
+int dev_sm_count() {
+    static int dev = -1, v = 1;
+    int cur;
+    if (cudaGetDevice(&cur) != cudaSuccess) return 1;
+    if (cur != dev) {
+        int sms = 0;
+        v = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) == cudaSuccess && sms > 0 ? sms : 1;
+        dev = cur;
+    }
+    return v;
+}
 // The current device's theoretical DRAM bandwidth per SM, GB/s: memory
 // clock x 2 (double data rate) x bus width / SMs, read once per device (0
 // when the device does not report it).
@@ -1672,24 +1684,11 @@ double dram_gbps_per_sm() {
     int cur;
     if (cudaGetDevice(&cur) != cudaSuccess) return 0.0;
     if (cur != dev) {
-        int khz = 0, bits = 0, sms = 0;
+        int khz = 0, bits = 0;
         v = 0.0;
         if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, cur) == cudaSuccess &&
-            cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, cur) == cudaSuccess &&
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) == cudaSuccess && sms > 0)
-            v = 2.0 * khz * 1e3 * (bits / 8.0) / sms / 1e9;
-        dev = cur;
-    }
-    return v;
-}
-// The current device's SM count, read once per device (1 when unknown).
-int dev_sm_count() {
-    static int dev = -1, v = 1;
-    int cur;
-    if (cudaGetDevice(&cur) != cudaSuccess) return 1;
-    if (cur != dev) {
-        int sms = 0;
-        v = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) == cudaSuccess && sms > 0 ? sms : 1;
+            cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, cur) == cudaSuccess)
+            v = 2.0 * khz * 1e3 * (bits / 8.0) / dev_sm_count() / 1e9;
         dev = cur;
     }
     return v;
