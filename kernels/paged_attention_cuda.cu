@@ -1656,13 +1656,22 @@ bool use_pf(const nb_pa_args *a, bool aligned) {
 // theoretical, 36.5 GB/s per SM) the tensor-core kernel is 4-22% faster
 // there too (docs/benchmarks.md, session 34), on an H100 SXM (3.35 TB/s,
 // 25.4 GB/s per SM) 0.96-1.02x; so it takes the tensor-core kernel from
-// TC_TARGET1_GBPS_PER_SM (dram_gbps_per_sm). The choice depends on the device, the model's head
-// ratio, the view and the split kind only, never on the rows of a call, so
-// a verify row and the target-only decode row at the same position take
-// the same kernel (the row-invariance contract of fixed_chunk_groups).
+// TC_TARGET1_GBPS_PER_SM (dram_gbps_per_sm). Since sessions 35-36 the
+// tensor-core kernel is 0.98-0.995x the scalar one's time on an H100 too
+// wherever a call has at least ~8,000 tokens x kv heads x sequences per
+// SM (Llama-2 shape: batch 1 from 32k, batch 8 from 4k; five passes on
+// three machines, docs/benchmarks.md, session 37) and 1.03-1.06x below
+// ~4,000 (batch 1 4k and 16k), so below TC_TARGET1_GBPS_PER_SM it takes
+// the tensor-core kernel from TC_TARGET1_WORK_MIN per SM (no call between
+// 3,971 and 7,943 was measured). For the row-invariant split the choice
+// depends on the device, the model's head ratio and the view only, never
+// on a call's rows or size, so a verify row and the target-only decode row
+// at the same position take the same kernel (the row-invariance contract
+// of fixed_chunk_groups); the batch-tuned split makes no such promise (its
+// chunks follow the batch already).
 // NB_PA_TC=0 / NB_PA_TC=1 in the environment force the scalar /
 // tensor-core kernel (benchmarks and tests compare the two; read per call).
-constexpr double TC_TARGET1_GBPS_PER_SM = 30.0;
+constexpr double TC_TARGET1_GBPS_PER_SM = 30.0, TC_TARGET1_WORK_MIN = 6000.0;
 // The current device's SM count, read once per device (1 when unknown).
 int dev_sm_count() {
     static int dev = -1, v = 1;
@@ -1693,11 +1702,14 @@ double dram_gbps_per_sm() {
     }
     return v;
 }
-bool use_tc(int gqa, nb_pa_mode mode, bool inv) {
+// work_per_sm: kv heads x max_tokens x entries / SMs (as tc_cps; read for
+// the batch-tuned split only).
+bool use_tc(int gqa, nb_pa_mode mode, bool inv, double work_per_sm) {
     const char *e = getenv("NB_PA_TC");
     if (e && e[0] == '0') return false;
     if (e && e[0] == '1') return true;
-    return mode != NB_PA_TARGET || gqa >= 2 || inv || dram_gbps_per_sm() >= TC_TARGET1_GBPS_PER_SM;
+    return mode != NB_PA_TARGET || gqa >= 2 || inv || dram_gbps_per_sm() >= TC_TARGET1_GBPS_PER_SM ||
+           work_per_sm >= TC_TARGET1_WORK_MIN;
 }
 // Row-invariant target-view calls of 9-16 query vectors per kv head (a
 // verify entry of up to 16 / GQA rows) on the tensor-core kernel with two
@@ -1713,7 +1725,7 @@ bool tc_wide(const nb_kv_layout *lay, nb_pa_mode mode, int g) {
     const char *e = getenv("NB_PA_TC_WIDE");
     if (e && e[0] == '0') return false;
     return mode == NB_PA_TARGET && lay->head_dim == TC_D && lay->group_size % 32 == 0 &&
-           (lay->dtype == NB_DTYPE_F16 || lay->dtype == NB_DTYPE_BF16) && g >= 2 && use_tc(g, mode, true) &&
+           (lay->dtype == NB_DTYPE_F16 || lay->dtype == NB_DTYPE_BF16) && g >= 2 && use_tc(g, mode, true, 0.0) &&
            tc_cps(mode, true, g, 0.0) == 1;
 }
 template <int D, typename T> nb_status dec_by_m(pa_kp &kp, const nb_pa_args *a, int M_max, cudaStream_t s) {
@@ -1918,7 +1930,9 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
         return NB_ERR_UNSUPPORTED; // the row-invariant split exists in the decode kernels only
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && (M_max <= DEC_MMAX || wide) && aligned) {
-        if (D == TC_D && (M_max <= TC_M || wide) && use_tc(g, a->mode, a->fixed_chunk_groups > 0)) {
+        if (D == TC_D && (M_max <= TC_M || wide) &&
+            use_tc(g, a->mode, a->fixed_chunk_groups > 0,
+                   (double)a->max_tokens * a->n_seqs * a->lay.n_kv_heads / dev_sm_count())) {
             const nb_status st = a->lay.dtype == NB_DTYPE_F16 ? tc_by_mode<__half>(kp, a, stream)
                                                               : tc_by_mode<__nv_bfloat16>(kp, a, stream);
             if (st != NB_ERR_UNSUPPORTED) return st; // unsupported: bf16 FP-only, the scalar kernel below
