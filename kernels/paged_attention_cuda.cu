@@ -1657,10 +1657,11 @@ bool use_pf(const nb_pa_args *a, bool aligned) {
 // there too (docs/benchmarks.md, session 34), on an H100 SXM (3.35 TB/s,
 // 25.4 GB/s per SM) 0.96-1.02x; so it takes the tensor-core kernel from
 // TC_TARGET1_GBPS_PER_SM (dram_gbps_per_sm). Since sessions 35-36 the
-// tensor-core kernel is 0.98-0.995x the scalar one's time on an H100 too
-// wherever a call has at least ~8,000 tokens x kv heads x sequences per
-// SM (Llama-2 shape: batch 1 from 32k, batch 8 from 4k; five passes on
-// three machines, docs/benchmarks.md, session 37) and 1.03-1.06x below
+// tensor-core kernel takes 0.980-0.997x the scalar one's time on an H100
+// too wherever a call has at least ~8,000 tokens x kv heads x sequences
+// per SM (Llama-2 shape: batch 1 32k and 64k, batch 8 from 4k; batch 1
+// 128k 0.998-1.002x; five passes on three machines, docs/benchmarks.md,
+// session 37) and 1.03-1.06x below
 // ~4,000 (batch 1 4k and 16k), so below TC_TARGET1_GBPS_PER_SM it takes
 // the tensor-core kernel from TC_TARGET1_WORK_MIN per SM (no call between
 // 3,971 and 7,943 was measured). For the row-invariant split the choice
