@@ -1564,6 +1564,11 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
 constexpr double TC_CPS2_WORK_MIN = 4000.0, TC_CPS2_WORK_MAX = 20000.0, TC_CPS2_MAX_GBPS_PER_SM = 30.0;
 double dram_gbps_per_sm();
 int dev_sm_count();
+// A call's work per SM for the CTAs-per-SM and kernel choices (tc_cps,
+// use_tc): kv heads x max_tokens x entries / SMs.
+double call_work_per_sm(const nb_pa_args *a) {
+    return (double)a->max_tokens * a->n_seqs * a->lay.n_kv_heads / dev_sm_count();
+}
 int tc_cps(nb_pa_mode mode, bool inv, int g, double work_per_sm) {
     const char *e = getenv("NB_PA_TC_CPS");
     if (e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
@@ -1580,8 +1585,7 @@ template <typename T, int MODE> nb_status tc_by_cps(pa_kp &kp, const nb_pa_args 
         if (mv > 2 * TC_M) return tc_launch<T, MODE, 1, 3>(kp, a, s);
         if (mv > TC_M) return tc_launch<T, MODE, 1, 2>(kp, a, s);
     }
-    const int cps = tc_cps((nb_pa_mode)MODE, a->fixed_chunk_groups > 0, kp.g,
-                           (double)a->max_tokens * a->n_seqs * a->lay.n_kv_heads / dev_sm_count());
+    const int cps = tc_cps((nb_pa_mode)MODE, a->fixed_chunk_groups > 0, kp.g, call_work_per_sm(a));
     return cps == 2 ? tc_launch<T, MODE, 2>(kp, a, s) : tc_launch<T, MODE, 1>(kp, a, s);
 }
 template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaStream_t s) {
@@ -1703,8 +1707,7 @@ double dram_gbps_per_sm() {
     }
     return v;
 }
-// work_per_sm: kv heads x max_tokens x entries / SMs (as tc_cps; read for
-// the batch-tuned split only).
+// work_per_sm: call_work_per_sm (read for the batch-tuned split only).
 bool use_tc(int gqa, nb_pa_mode mode, bool inv, double work_per_sm) {
     const char *e = getenv("NB_PA_TC");
     if (e && e[0] == '0') return false;
@@ -1932,8 +1935,7 @@ extern "C" nb_status nb_pa_attention(const nb_pa_args *a, cudaStream_t stream) {
     if (a->fixed_chunk_groups < 0) return NB_ERR_INVALID_ARG;
     if (fast && G % 32 == 0 && (M_max <= DEC_MMAX || wide) && aligned) {
         if (D == TC_D && (M_max <= TC_M || wide) &&
-            use_tc(g, a->mode, a->fixed_chunk_groups > 0,
-                   (double)a->max_tokens * a->n_seqs * a->lay.n_kv_heads / dev_sm_count())) {
+            use_tc(g, a->mode, a->fixed_chunk_groups > 0, call_work_per_sm(a))) {
             const nb_status st = a->lay.dtype == NB_DTYPE_F16 ? tc_by_mode<__half>(kp, a, stream)
                                                               : tc_by_mode<__nv_bfloat16>(kp, a, stream);
             if (st != NB_ERR_UNSUPPORTED) return st; // unsupported: bf16 FP-only, the scalar kernel below
