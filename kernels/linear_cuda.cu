@@ -35,9 +35,12 @@
 #include "pdl_cuda.cuh"
 #include "elementwise_cuda.cuh"
 
+#include <cuda.h>  // CUtensorMap (encoded through the runtime's driver entry point; no libcuda link)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstring>
 #include <type_traits>
 
 namespace {
@@ -566,12 +569,17 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 //   - blocks are persistent: grid = ceil(tiles / ceil(tiles / resident)), so
 //     every block walks about the same number of 16-row tiles (strided) and
 //     the machine has no half-empty last wave;
-//   - each warp streams its (tile, group) items through an ST-deep cp.async
-//     ring in shared memory (kGvVars), issuing item i + ST as it
-//     finishes item i, across tile boundaries, so loads are always in
-//     flight. Each lane copies its own plane bytes; lanes 0..3 copy the
-//     item's 64 bytes of scales and zeros (read by every lane after a
-//     __syncwarp);
+//   - each warp streams its (tile, group) items through an ST-deep ring in
+//     shared memory (kGvVars), issuing item i + ST as it finishes item i,
+//     across tile boundaries, so loads are always in flight. Lane 0 issues
+//     an item as tensor copies (cp.async.bulk.tensor: 16R rows x 64 bytes
+//     of each plane, and the R tiles' 64 bytes of scales and zeros) that
+//     complete on the slot's mbarrier, which every lane waits on. Session
+//     38 replaced per-lane 16-byte cp.async copies (3 instructions and ~20
+//     of address and predicate work per item, and 4 load-unit passes per
+//     32-lane copy): H200 n = 1, with the 32-row variants that then became
+//     the built-in ones, 4.75 / 11.2 / 12.1 -> 4.6 / 10.5 / 11.1-11.4 us at
+//     4096x4096 / 14336x4096 / 4096x14336;
 //   - the group sums of x (the zero term) depend only on the group, so each
 //     warp computes its groups' sums once (the same mma as the tile kernel),
 //     in the first tile's steps from the x fragments loaded there anyway,
@@ -587,12 +595,22 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 
 // Shared-memory layout of one ring slot: an item is R 16-row tiles x one
 // group of 128 weights.
+// Each part is the box of one tensor copy (128-byte aligned): rows 16r + i
+// of the item at 64 i bytes, so lane (g, t) reads rows g and g + 8 at t * 16.
 template <bool LOWER, int ST, int R> struct Gv {
     static constexpr int kU = 0;                           // uint4 [R][2][32]: upper plane bytes
     static constexpr int kL = R * 1024;                    // uint4 [R][2][32]: lower plane bytes
     static constexpr int kSZ = (LOWER ? 2 : 1) * R * 1024; // [R] x uint2 [8 g]: (sc(g), sc(g+8)), (z(g), z(g+8))
-    static constexpr int kSlot = kSZ + 64 * R;
+    static constexpr int kBytes = kSZ + 64 * R;            // bytes one item's copies bring
+    static constexpr int kSlot = (kBytes + 127) / 128 * 128;
     static constexpr int kRing = kSlot * ST * kWarps;      // ring bytes per block
+};
+// The decode kernel's copy descriptors: the planes as [m rows][k/2 bytes]
+// in boxes of 16R rows x 64 bytes (one group), the scales and zeros as
+// [ceil(m/16) tiles][k/128 groups][64 bytes] in boxes of R tiles x one
+// group. Rows and tiles past the ends arrive as zeros.
+struct WqMaps {
+    CUtensorMap u, l, sz;
 };
 // Dynamic shared memory of one launch: the ring, then xs[warp][j][NX][8] f32.
 template <bool LOWER, int ST, int R, int NX> size_t gv_smem_bytes(int cw_max) {
@@ -617,6 +635,35 @@ template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The decode kernel's ring: an mbarrier per slot, completed by the bytes
+// of the slot's tensor copies.
+__device__ __forceinline__ void gv_bar_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void gv_bar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void gv_bar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n .reg .pred P1;\n GV_WAIT:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 " @P1 bra GV_DONE;\n bra GV_WAIT;\n GV_DONE:\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void tma3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                      uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
 // Grid: see launch_gemv; block: kWarps warps; dynamic shared memory
 // gv_smem_bytes(cw_max). Needs sz 16-byte aligned, k % 128 == 0,
 // 1 <= p.n <= 8 * NX. An item is R consecutive 16-row tiles (a "row tile"
@@ -626,16 +673,15 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // the tile kernel whatever R and NX.
 template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
 __global__ void __launch_bounds__(kThreads, MINB)
-    wq_gemv_kernel(const WqP<EPI> p, int ntiles, int cw_max) {
+    wq_gemv_kernel(const WqP<EPI> p, const __grid_constant__ WqMaps maps, int ntiles, int cw_max) {
     static_assert(!X1 || NX == 1, "X1: one row of x");
-    extern __shared__ __align__(16) unsigned char gv_smem[];
+    extern __shared__ __align__(128) unsigned char gv_smem[];
     __shared__ float red[2][kWarps][NX * 8][R * 16];
+    __shared__ __align__(8) uint64_t gv_bars[kWarps][ST];
     using L = Gv<LOWER, ST, R>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int ng = p.k / kGroup;
-    const int ntiles16 = (p.m + 15) / 16;
-    const size_t rbytes = (size_t)p.k / 2;
     const int cw = warp < ng ? (ng - warp + kWarps - 1) / kWarps : 0;  // groups per tile
     WQ_TRACE_SEQ;
     WQ_TRACE(0);
@@ -643,32 +689,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
                              ? (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x
                              : 0;
     const uint32_t ring = smem_addr(gv_smem) + warp * (L::kSlot * ST);
+    const uint32_t bars = smem_addr(&gv_bars[warp][0]);
     float *xs_s = reinterpret_cast<float *>(gv_smem + L::kRing) + (size_t)warp * cw_max * NX * 8;
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < ST; s++) gv_bar_init(bars + 8 * s);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
 
     // The prefetch cursor: row tile pf_tl (of this block's), group index
-    // pf_j, slot pf_s; per-tile bases for this lane's copies.
+    // pf_j, slot pf_s. Lane 0 issues each item's copies: R 16-row tiles of
+    // each plane and their scales and zeros, one tensor copy each.
     int pf_tl = 0, pf_j = 0, pf_s = 0;
-    const uint8_t *bu[R][2], *bl[R][2];
-    const uint16_t *bsz = nullptr;  // lanes 0..4R-1: their 16 bytes of tile lane/4's group `warp` sz
-    bool okh[R][2], oksz = false;
-    auto setup = [&](int tl) {
-        const int rt = (int)blockIdx.x + tl * (int)gridDim.x;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = (rt * R + r) * 16 + g + 8 * h;
-                okh[r][h] = row < p.m;
-                const size_t rr = okh[r][h] ? (size_t)row : 0;
-                bu[r][h] = p.upper + rr * rbytes + (size_t)warp * 64 + t * 16;
-                bl[r][h] = LOWER ? p.lower + rr * rbytes + (size_t)warp * 64 + t * 16 : nullptr;
-            }
-        // An item's scales and zeros are 64 contiguous bytes per 16-row
-        // tile; lanes 4r..4r+3 copy tile r's (zeros past the last tile).
-        const int tile = rt * R + (lane >> 2);
-        oksz = lane < 4 * R && tile < ntiles16;
-        bsz = p.sz + ((size_t)(oksz ? tile : 0) * ng + warp) * 32 + (lane & 3) * 8;
-    };
     // NOTE: the next kernel (when launched with the PDL attribute) may be
     // scheduled once every warp of every block has either triggered or
     // exited; it waits in its own griddepcontrol.wait for this grid to
@@ -677,29 +710,25 @@ __global__ void __launch_bounds__(kThreads, MINB)
     // blocks from taking this launch's slots while it still streams.
     auto issue = [&]() {
         if (pf_tl < my_tiles) {
-            const uint32_t s = ring + pf_s * L::kSlot;
-            const size_t off = (size_t)pf_j * (kWarps * 64);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    cp16z(s + L::kU + ((r * 2 + h) * 32 + lane) * 16, bu[r][h] + off, okh[r][h]);
-                    if (LOWER) cp16z(s + L::kL + ((r * 2 + h) * 32 + lane) * 16, bl[r][h] + off, okh[r][h]);
-                }
-            if (lane < 4 * R)
-                cp16z(s + L::kSZ + (lane >> 2) * 64 + (lane & 3) * 16, bsz + (size_t)pf_j * (kWarps * 32),
-                      oksz);
+            if (lane == 0) {
+                const uint32_t s = ring + pf_s * L::kSlot, bar = bars + 8 * pf_s;
+                const int rt = (int)blockIdx.x + pf_tl * (int)gridDim.x, grp = warp + pf_j * kWarps;
+                // NOTE: the warp's reads of this slot (generic proxy) come
+                // before the copies that overwrite it (async proxy).
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                gv_bar_expect(bar, L::kBytes);
+                tma2d(s + L::kU, &maps.u, grp * 64, rt * R * 16, bar);
+                if (LOWER) tma2d(s + L::kL, &maps.l, grp * 64, rt * R * 16, bar);
+                tma3d(s + L::kSZ, &maps.sz, 0, grp, rt * R, bar);
+            }
             pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
             if (++pf_j == cw) {
                 pf_j = 0;
-                if (++pf_tl < my_tiles) setup(pf_tl);
-                else nb_pdl::trigger();  // this warp's last weight load is in flight
+                if (++pf_tl >= my_tiles) nb_pdl::trigger();  // this warp's last weight load is in flight
             }
         }
-        cp_commit();  // an empty group past the end keeps the wait count uniform
     };
-    if (cw > 0 && my_tiles > 0) setup(0);
-    else nb_pdl::trigger();
+    if (cw == 0 || my_tiles == 0) nb_pdl::trigger();
     if (cw > 0) {
 #pragma unroll
         for (int s = 0; s < ST; s++) issue();
@@ -708,6 +737,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
     nb_pdl::wait();
     WQ_TRACE(2);
 
+    // NOTE: lanes of x rows past n load nothing (zeros). Loading row 0 in
+    // those lanes instead (their mma columns are never stored) was 3-17%
+    // slower at n = 4 on an H200 (session 38), likely because a 16-byte
+    // load takes the load unit a pass per 8 active lanes.
     bool xok[NX];
     const uint8_t *xb[NX];
 #pragma unroll
@@ -727,7 +760,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                 : z4,
                         b[w][nx]);
     };
-    int cs = 0;  // the slot consumed next
+    int cs = 0, cons = 0;  // the slot consumed next; items consumed (a slot's phase is (cons / ST) & 1)
     for (int tl = 0; tl < my_tiles; tl++) {
         const int rt = (int)blockIdx.x + tl * (int)gridDim.x;
         float tot[R][NX][4];
@@ -746,8 +779,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
             uint32_t b[N][4][NX][4];
 #pragma unroll
             for (int u = 0; u < N; u++) load_b(warp + (j + u) * kWarps, b[u]);
-            cp_wait<ST - N>();
-            __syncwarp();  // the item's scales and zeros were copied by lanes 0..4R-1
+#pragma unroll
+            for (int u = 0; u < N; u++) {
+                const int slot = cs + u < ST ? cs + u : cs + u - ST;
+                gv_bar_wait(bars + 8 * slot, (uint32_t)(((cons + u) / ST) & 1));
+            }
             float acc[N][R][NX][4], acc16[N][R][NX][4], sc[N][R][2], zc[N][R][2], xs[N][NX][4];
             if (first) {
                 // The group sums: the tile kernel's mma, in its order, on the
@@ -822,6 +858,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
             for (int u = 0; u < N; u++) issue();
             cs = cs + N < ST ? cs + N : cs + N - ST;
+            cons += N;
             if (first && j == 0) WQ_TRACE(3);  // the first items and group sums done
         };
         int j = 0;
@@ -859,7 +896,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
             }
         }
     }
-    cp_wait<0>();
     WQ_TRACE(5);
 }
 
@@ -960,19 +996,17 @@ bool pdl_on() {
 }
 
 // The decode kernel's variants: ring depth in items (the 8-bit view always
-// 4 items of 2 KB), blocks per SM the registers are budgeted for (launch
-// bounds), items per step, and R, the 16-row tiles per item (2: half the
-// x fragments per weight byte). Same bits for every variant (the same
-// per-item arithmetic in the same order). Built in (gemv_builtin; f16 4-bit
-// only, the others always take variant 0; in the 8-bit view the R = 2
-// forms measured within 1% at n = 5-6 and 5% faster only for 14336x4096 at
-// n = 8, 5-15% slower for 4096x14336, session 19): variant 0 (8, 2, 2, 1) up to 4
-// rows of x but for short streams (gemv_builtin) (on an H100 variants 1 and 2 were 5-35% slower at the Llama
-// shapes at n = 1, and at n = 4 all but one cell; 4 blocks of 64 registers
-// spill: docs/benchmarks.md, session 17); from 5 rows, where the x
-// fragments (one per row of x and weight tile) cost more, R = 2 (variants 3
-// and 4, session 19: at n = 8 4096x4096 6.91 -> 6.18 us, 14336x4096 18.18 ->
-// 14.56, 4096x14336 17.57 -> 15.73; at n = 4 mixed, 4096x14336 2% slower).
+// 8 KB in flight a warp: 4 items of 2 KB, or 2 of 4 KB), blocks per SM the
+// registers are budgeted for (launch bounds), items per step, and R, the
+// 16-row tiles per item (2: one tensor copy of 32 rows a plane, and half
+// the x fragments per weight byte). Same bits for every variant (the same
+// per-item arithmetic in the same order). The built-in choice is
+// gemv_builtin's. With the cp.async ring of sessions 11-37 variant 0 was
+// the built-in one below 5 rows of x (session 17: variants 1 and 2 were
+// 5-35% slower on an H100; 4 blocks of 64 registers spill); the tensor-copy
+// ring (session 38) made the 32-row forms faster in the 4-bit view at every
+// measured shape and row count, and in the 8-bit view where one block per
+// SM leaves SMs idle.
 struct GvVar {
     int st, minb, ns, r;
 };
@@ -1047,13 +1081,60 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
     return per_sm;
 }
 
+// The driver's tensor-map encoder, looked up once through the runtime (so
+// nothing links libcuda); null and *err set where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder(cudaError_t *err) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (!fn) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        *err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+        if (*err != cudaSuccess) return nullptr;
+        if (q != cudaDriverEntryPointSuccess || !f) {
+            *err = cudaErrorNotSupported;
+            return nullptr;
+        }
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }
+    *err = cudaSuccess;
+    return fn;
+}
+
+// The decode kernel's copy descriptors for p's matrix, R 16-row tiles per
+// item (see WqMaps). Needs 16-byte aligned planes and sz, k % 128 == 0.
+cudaError_t wq_maps(const WqParams &p, int R, bool lower, WqMaps *maps) {
+    cudaError_t err;
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = tmap_encoder(&err);
+    if (!enc) return err;
+    memset(maps, 0, sizeof *maps);
+    const int ng = p.k / kGroup, tiles16 = (p.m + 15) / 16;
+    const cuuint64_t pdim[2] = {(cuuint64_t)p.k / 2, (cuuint64_t)p.m}, pstride[1] = {(cuuint64_t)p.k / 2};
+    const cuuint32_t pbox[2] = {64, (cuuint32_t)(16 * R)}, one[3] = {1, 1, 1};
+    const cuuint64_t zdim[3] = {64, (cuuint64_t)ng, (cuuint64_t)tiles16};
+    const cuuint64_t zstride[2] = {64, (cuuint64_t)ng * 64};
+    const cuuint32_t zbox[3] = {64, 1, (cuuint32_t)R};
+    auto plane = [&](CUtensorMap *m, const void *base) {
+        return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), pdim, pstride, pbox, one,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    };
+    CUresult r = plane(&maps->u, p.upper);
+    if (r == CUDA_SUCCESS && lower) r = plane(&maps->l, p.lower);
+    if (r == CUDA_SUCCESS)
+        r = enc(&maps->sz, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint16_t *>(p.sz), zdim, zstride, zbox, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
 template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
 cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     id += EPI * kGvIds1;
     // Size classes up to k = 256k (NX = 1) or 64k (NX = 2: twice the group
-    // sums per group, and a larger static reduction area); see kGemvMaxK.
+    // sums per group, and a larger static reduction area); see the k limits
+    // in wq_dispatch.
     constexpr int kClasses = NX == 1 ? 7 : 5;
     const int ng = p.k / kGroup;
     int cw_max = 4, cls = 0;  // the size class: cw_max rounded up to 4 * 2^cls
@@ -1078,8 +1159,10 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     const int resident = bps * sms;
     const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
+    WqMaps maps;
+    if ((err = wq_maps(p, R, LOWER, &maps)) != cudaSuccess) return err;
     return nb_pdl::launch(kern, dim3((unsigned)((ntiles + per_block - 1) / per_block)), dim3(kThreads), smem,
-                          stream, pdl_on(), static_cast<const WqP<EPI> &>(p), ntiles, cw_max);
+                          stream, pdl_on(), static_cast<const WqP<EPI> &>(p), maps, ntiles, cw_max);
 }
 
 template <typename XT, bool LOWER, int V, bool X1, int EPI>
@@ -1114,35 +1197,33 @@ int gemv2_builtin(bool lower, int m, cudaError_t *err) {
     const bool fills = r2_one_per_sm_fills(m, err);
     return fills ? 0 : 1;
 }
-// The built-in variant for n <= 8, f16 4-bit view (see kGvVars): 0 below
-// kGemvR2MinN rows; from there 32-row items (the x fragments per weight
-// byte halved), one block per SM (4) unless that leaves > 10% of the SMs
-// idle (3, two blocks per SM). Below kGemvR2MinN rows too for short
-// streams: k <= 4096 and at most two 16-row tiles per block at two blocks
-// per SM, where the launch's fixed costs weigh most (session 30, H100,
-// us at n = 1 / 4: 4096x4096 5.13 / 5.98 -> 5.00 / 5.64 with variant 4;
-// the engine's q|k|v 6144x4096 6.89 / 7.66 -> 6.73 / 7.11 with variant 3;
-// gate|up 28672x4096 23.22 / 24.09 against 23.54 / 24.61 stays on 0, as
-// 4096x14336 does: 14.91 -> 15.33 at n = 4, session 19).
-constexpr int kGemvR2MinN = 5;
-int gemv_builtin(bool lower, bool f16, int n, int m, int k, cudaError_t *err) {
-    if (lower || !f16) return 0;
-    if (n < kGemvR2MinN) {
-        int dev = 0;
-        const int sms = sm_count(&dev, err);
-        if (*err != cudaSuccess) return 0;
-        const bool short_stream = k <= 4096 && (long)(m + 15) / 16 <= 4L * sms;
-        if (!short_stream) return 0;
-    }
-    const bool fills = r2_one_per_sm_fills(m, err);
-    return fills ? 4 : 3;
+// The built-in variant for n <= 8 with f16 x (see kGvVars; bf16 x takes
+// 0): 32-row items (two 16-row tiles a copy, and half the x fragments per
+// weight byte), two blocks per SM (3) when there are at least two row tiles
+// per SM, else one block per SM (4; the 8-bit view 0, 16-row items) when
+// that keeps >= 90% of the SMs busy, else 3. Measured with the tensor-copy
+// ring (session 38, H200 and H100, n = 1, 4, 8, docs/benchmarks.md): us at
+// n = 1 on the H200, 4-bit view, against variant 0: 4096x4096 4.59 vs 5.11
+// (4), 14336x4096 10.54 vs 12.43 (3), 4096x14336 11.28 vs 12.34 (4), the
+// engine's q|k|v 6144x4096 6.15 vs 6.50 (3) and gate|up 28672x4096 19.73
+// vs 20.39 (3; 4 was 20.28, and 24.08 vs 21.08 at n = 4); 8-bit view
+// 14336x4096 22.96 vs 25.26 (3), 4096x14336 22.83 (0) vs 25.78 (4).
+int gemv_builtin(bool lower, bool f16, int m, cudaError_t *err) {
+    if (!f16) return 0;
+    int dev = 0;
+    const int sms = sm_count(&dev, err);
+    if (*err != cudaSuccess) return 0;
+    const long rt = ((m + 15) / 16 + 1) / 2;
+    if (rt >= 2L * sms) return 3;
+    if (r2_one_per_sm_fills(m, err)) return lower ? 0 : 4;
+    return 3;
 }
 
 template <typename XT, bool LOWER, bool X1, int EPI>
 cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     cudaError_t err = cudaSuccess;
     const int v =
-        g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.n, p.m, p.k, &err);
+        g_gemv_var >= 0 ? g_gemv_var : gemv_builtin(LOWER, std::is_same<XT, __half>::value, p.m, &err);
     if (err != cudaSuccess) return err;
     switch (v) {
     case 1: return launch_gemv_v<XT, LOWER, 1, X1, EPI>(p, stream);
