@@ -1198,25 +1198,29 @@ int gemv2_builtin(bool lower, int m, cudaError_t *err) {
     return fills ? 0 : 1;
 }
 // The built-in variant for n <= 8 with f16 x (see kGvVars; bf16 x takes
-// 0): 32-row items (two 16-row tiles a copy, and half the x fragments per
-// weight byte), two blocks per SM (3) when there are at least two row tiles
-// per SM, else one block per SM (4; the 8-bit view 0, 16-row items) when
-// that keeps >= 90% of the SMs busy, else 3. Measured with the tensor-copy
-// ring (session 38, H200 and H100, n = 1, 4, 8, docs/benchmarks.md): us at
-// n = 1 on the H200, 4-bit view, against variant 0: 4096x4096 4.59 vs 5.11
+// 0). 4-bit view: 32-row items (two 16-row tiles a copy, and half the x
+// fragments per weight byte), two blocks per SM (3) when there are at
+// least two row tiles per SM, else one block per SM (4) when that keeps
+// >= 90% of the SMs busy, else 3. 8-bit view: 3 where one block per SM of
+// 32-row tiles would leave > 10% of the SMs idle, else 0. Measured with the
+// tensor-copy ring (session 38, H200 and H100, n = 1-8, docs/benchmarks.md):
+// us at n = 1 on the H200 against variant 0, 4-bit: 4096x4096 4.59 vs 5.11
 // (4), 14336x4096 10.54 vs 12.43 (3), 4096x14336 11.28 vs 12.34 (4), the
 // engine's q|k|v 6144x4096 6.15 vs 6.50 (3) and gate|up 28672x4096 19.73
-// vs 20.39 (3; 4 was 20.28, and 24.08 vs 21.08 at n = 4); 8-bit view
-// 14336x4096 22.96 vs 25.26 (3), 4096x14336 22.83 (0) vs 25.78 (4).
+// vs 20.39 (3; 4 was 20.28, and 24.08 vs 21.08 at n = 4; on the H100 4 is
+// the faster there at n = 1, 22.28 vs 23.10); 8-bit: 14336x4096 22.96 vs
+// 25.26 (3), 6144x4096 12.42 vs 13.44 (3), 4096x14336 22.83 (0) vs 25.78
+// (4), 28672x4096 43.56 (0) vs 42.80 (3), where the H100 has 44.34 vs 46.66.
 int gemv_builtin(bool lower, bool f16, int m, cudaError_t *err) {
     if (!f16) return 0;
     int dev = 0;
     const int sms = sm_count(&dev, err);
     if (*err != cudaSuccess) return 0;
+    const bool fills = r2_one_per_sm_fills(m, err);
+    if (lower) return fills ? 0 : 3;
     const long rt = ((m + 15) / 16 + 1) / 2;
     if (rt >= 2L * sms) return 3;
-    if (r2_one_per_sm_fills(m, err)) return lower ? 0 : 4;
-    return 3;
+    return fills ? 4 : 3;
 }
 
 template <typename XT, bool LOWER, bool X1, int EPI>

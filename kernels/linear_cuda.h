@@ -3,7 +3,8 @@
 // 8-bit view of the same bytes) or dense fp16/bf16 through cuBLAS.
 //
 // The one idea: a quantized matmul is memory bound at decode batch sizes, so
-// the weights are streamed once with 16-byte loads and dequantized in
+// the weights are streamed once (tensor copies into shared memory on the
+// decode path, 16-byte loads in the tile kernel) and dequantized in
 // registers straight into tensor-core (mma.sync m16n8k16) operands; the
 // integer codes (0..15, or -8..247 in two parts) are exact in f16/bf16, the
 // products with f16/bf16 activations are exact, and the scale and zero are
@@ -92,8 +93,8 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 // k % 128 == 0 with 16-byte aligned x and planes and 8-byte aligned sz
 // takes the tensor-core path; other supported k (32, 64, 96) or alignments
 // take a simple scalar kernel. On that path n <= 16 with 16-byte aligned sz
-// runs the streaming decode kernel (persistent blocks, a cp.async
-// ring per warp, see set_pdl below; from n = 9 each item's weights meet two
+// runs the streaming decode kernel (persistent blocks, a ring per warp
+// fed by tensor copies, see set_pdl below; from n = 9 each item's weights meet two
 // tiles of 8 rows of x; at n <= 8 the 8-bit view only for matrices of more
 // than 16M weights; k <= 64k from n = 9); it computes each output with the same operations
 // in the same order as the tile kernel that takes the other calls, so a
@@ -219,7 +220,7 @@ void nb_cuda_matmul_wq_set_blocks_per_sm(int bps);
 // items per step, tiles per item; see kGvVars in linear_cuda.cu): force 0
 // to count - 1 (both views, f16 and bf16 activations; a forced variant
 // also takes the decode kernel for the 8-bit view of small matrices); any
-// other v restores the built-in choice (which depends on n, the view, the
+// other v restores the built-in choice (which depends on the view, the
 // activation type and the shape). Returns the count. Same bits for every
 // variant. For benchmarks and tests; not thread safe.
 int nb_cuda_matmul_wq_set_gemv_variant(int v);
