@@ -32,6 +32,7 @@
 #include "linear_cuda.h"
 
 #include "dtype_cuda.cuh"
+#include "mbarrier_cuda.cuh"
 #include "pdl_cuda.cuh"
 #include "elementwise_cuda.cuh"
 
@@ -635,21 +636,8 @@ template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// The decode kernel's ring: an mbarrier per slot, completed by the bytes
-// of the slot's tensor copies.
-__device__ __forceinline__ void gv_bar_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void gv_bar_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void gv_bar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n .reg .pred P1;\n GV_WAIT:\n"
-                 " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-                 " @P1 bra GV_DONE;\n bra GV_WAIT;\n GV_DONE:\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
+// The decode kernel's ring: an mbarrier per slot (mbarrier_cuda.cuh),
+// completed by the bytes of the slot's tensor copies.
 __device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
@@ -693,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     float *xs_s = reinterpret_cast<float *>(gv_smem + L::kRing) + (size_t)warp * cw_max * NX * 8;
     if (lane == 0) {
 #pragma unroll
-        for (int s = 0; s < ST; s++) gv_bar_init(bars + 8 * s);
+        for (int s = 0; s < ST; s++) nb_mbar::init(bars + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncwarp();
@@ -716,7 +704,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                 // NOTE: the warp's reads of this slot (generic proxy) come
                 // before the copies that overwrite it (async proxy).
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                gv_bar_expect(bar, L::kBytes);
+                nb_mbar::arrive_tx(bar, L::kBytes);
                 tma2d(s + L::kU, &maps.u, grp * 64, rt * R * 16, bar);
                 if (LOWER) tma2d(s + L::kL, &maps.l, grp * 64, rt * R * 16, bar);
                 tma3d(s + L::kSZ, &maps.sz, 0, grp, rt * R, bar);
@@ -782,7 +770,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
             for (int u = 0; u < N; u++) {
                 const int slot = cs + u < ST ? cs + u : cs + u - ST;
-                gv_bar_wait(bars + 8 * slot, (uint32_t)(((cons + u) / ST) & 1));
+                nb_mbar::wait(bars + 8 * slot, (uint32_t)(((cons + u) / ST) & 1));
             }
             float acc[N][R][NX][4], acc16[N][R][NX][4], sc[N][R][2], zc[N][R][2], xs[N][NX][4];
             if (first) {

@@ -21,6 +21,7 @@
 #include "paged_attention_cuda.h"
 
 #include "dtype_cuda.cuh"
+#include "mbarrier_cuda.cuh"
 #include "pdl_cuda.cuh"
 
 #include <cuda_bf16.h>

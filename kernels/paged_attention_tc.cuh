@@ -230,26 +230,11 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x) {
     return y;
 }
 
-// An mbarrier whose phases complete after `count` arrivals.
-__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count = 1) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(s_u32(b)), "r"(count) : "memory");
-}
-// Arrives once (release: this thread's earlier writes are seen by the waiters).
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(s_u32(b)) : "memory");
-}
-// Arrives once and expects `bytes` of bulk copies (0: the phase completes now).
-__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(s_u32(b)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n .reg .pred P1;\n TC_WAIT:\n"
-                 " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-                 " @P1 bra TC_DONE;\n bra TC_WAIT;\n TC_DONE:\n}\n" ::"r"(s_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
+// The mbarrier primitives (mbarrier_cuda.cuh) for barriers given by pointer.
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count = 1) { nb_mbar::init(s_u32(b), count); }
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) { nb_mbar::arrive(s_u32(b)); }
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) { nb_mbar::arrive_tx(s_u32(b), bytes); }
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) { nb_mbar::wait(s_u32(b), parity); }
 // Global -> shared bulk copy (16-byte aligned, size % 16 == 0) on the copy
 // engine, completing `bytes` of the mbarrier's transaction count.
 __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
