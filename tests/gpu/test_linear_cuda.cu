@@ -937,6 +937,10 @@ int main(void) {
     // n <= 8); 66 groups per row, not a multiple of the 8 warps. Fewer rows
     // of x keep the C reference quick.
     for (int d = 0; d < 2; d++) run_shape(dts[d], 2112, 8448, 16, ns, n_ns);
+    // 140 row tiles of 32: blocks of the one-per-SM variants walk two tiles
+    // on a 132-SM GPU (the group sums kept from the first tile); 23 groups a
+    // row, 3 per warp but the last.
+    for (int d = 0; d < 2; d++) run_shape(dts[d], 4480, 2944, 16, ns, n_ns);
     // The decode kernel's shared memory grows with k in size classes; a new,
     // smaller class after a larger one must not break the larger one's later
     // launches (the per-function shared memory limit; a real model alternates
