@@ -53,12 +53,15 @@ constexpr int kThreads = kWarps * 32;
 // 4 at one x tile (decode: 8 loads of 16 B a lane in flight; k = 4096 is
 // then one iteration), 2 at two (the accumulators need the registers).
 constexpr int kGroup = NB_WQ_GROUP;  // the tensor-core path needs k % 128 == 0
+// Bytes of one group of a 32-row tile of a CUDA plane (linear_cuda.h): 32
+// rows x 64 bytes, contiguous.
+constexpr int kPlaneGroup = 32 * kGroup / 2;
 
 struct WqParams {
     void *out;              // [n][m] out_dt
     const void *x;          // [n][k] XT
-    const uint8_t *upper;   // [m][k/2]
-    const uint8_t *lower;   // [m][k/2] (8-bit view only)
+    const uint8_t *upper;   // CUDA plane (linear_cuda.h)
+    const uint8_t *lower;   // CUDA plane (8-bit view only)
     const uint16_t *sz;     // [ceil(m/16)][k/g][8][4] f16 (nb_cuda_wq)
     const void *bias;       // [m] bias_dt or NULL
     int out_dt, bias_dt;
@@ -410,22 +413,24 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
     const int row0 = blockIdx.x * (R * 16);
     const int xr0 = blockIdx.y * (NT * 8);
     const int ng = p.k / kGroup;
-    const size_t rbytes = (size_t)p.k / 2;
 
     const uint8_t *wu[R][2];
     const uint8_t *wl[R][2];
     const uint2 *wsz[R];  // this lane's (sc(g), sc(g+8)), (z(g), z(g+8)) of each group
     bool tok[R];
     bool rok[R][2];
+    // Row row0 + g's first group in the CUDA plane layout (linear_cuda.h;
+    // the block's rows lie in one 32-row tile, padded past m); the group G
+    // of row row0 + i is kPlaneGroup * G + 64 (i - g) bytes on from there.
+    const size_t o0 = (((size_t)(row0 >> 5) * ng) * 32 + (row0 & 31) + g) * (kGroup / 2) + t * 16;
 #pragma unroll
     for (int r = 0; r < R; r++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int row = row0 + r * 16 + g + h * 8;
-            rok[r][h] = row < p.m;
-            const size_t rr = rok[r][h] ? (size_t)row : 0;
-            wu[r][h] = p.upper + rr * rbytes + t * 16;
-            wl[r][h] = LOWER ? p.lower + rr * rbytes + t * 16 : nullptr;
+            rok[r][h] = row0 + r * 16 + g + h * 8 < p.m;
+            const size_t o = o0 + (size_t)(r * 16 + h * 8) * (kGroup / 2);
+            wu[r][h] = p.upper + o;
+            wl[r][h] = LOWER ? p.lower + o : nullptr;
         }
         const int tile = row0 / 16 + r;
         tok[r] = tile * 16 < p.m;
@@ -463,8 +468,8 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const bool ok = gok && rok[r][h];
-                    qu[u][r][h] = ok ? ld_stream(wu[r][h] + (size_t)grp * 64) : z4;
-                    if (LOWER) ql[u][r][h] = ok ? ld_stream(wl[r][h] + (size_t)grp * 64) : z4;
+                    qu[u][r][h] = ok ? ld_stream(wu[r][h] + (size_t)grp * kPlaneGroup) : z4;
+                    if (LOWER) ql[u][r][h] = ok ? ld_stream(wl[r][h] + (size_t)grp * kPlaneGroup) : z4;
                 }
             }
         }
@@ -573,14 +578,19 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 //   - each warp streams its (tile, group) items through an ST-deep ring in
 //     shared memory (kGvVars), issuing item i + ST as it finishes item i,
 //     across tile boundaries, so loads are always in flight. Lane 0 issues
-//     an item as tensor copies (cp.async.bulk.tensor: 16R rows x 64 bytes
-//     of each plane, and the R tiles' 64 bytes of scales and zeros) that
-//     complete on the slot's mbarrier, which every lane waits on. Session
-//     38 replaced per-lane 16-byte cp.async copies (3 instructions and ~20
-//     of address and predicate work per item, and 4 load-unit passes per
-//     32-lane copy): H200 n = 1, with the 32-row variants that then became
-//     the built-in ones, 4.75 / 11.2 / 12.1 -> 4.6 / 10.5 / 11.1-11.4 us at
-//     4096x4096 / 14336x4096 / 4096x14336;
+//     an item as bulk copies (cp.async.bulk: the item's 16R rows of each
+//     plane, 1 or 2 KB contiguous in the CUDA plane layout, and a tensor
+//     copy of the R tiles' 64 bytes of scales and zeros) that complete on
+//     the slot's mbarrier, which every lane waits on. Session 38 replaced
+//     per-lane 16-byte cp.async copies (3 instructions and ~20 of address
+//     and predicate work per item, and 4 load-unit passes per 32-lane
+//     copy) with tensor copies of 16R rows x 64 bytes from row-major
+//     planes: H200 n = 1, with the 32-row variants that then became the
+//     built-in ones, 4.75 / 11.2 / 12.1 -> 4.6 / 10.5 / 11.1-11.4 us at
+//     4096x4096 / 14336x4096 / 4096x14336. Session 40 made the planes
+//     tile-major, so an item is one contiguous piece of whole 128-byte
+//     lines: H100 n = 1, 4-bit, 5.12-5.15 / 11.66-11.73 / 12.59-12.68 ->
+//     4.96-4.99 / 11.54-11.66 / 12.17-12.25 us (docs/benchmarks.md);
 //   - the group sums of x (the zero term) depend only on the group, so each
 //     warp computes its groups' sums once (the same mma as the tile kernel),
 //     in the first tile's steps from the x fragments loaded there anyway,
@@ -596,8 +606,9 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 
 // Shared-memory layout of one ring slot: an item is R 16-row tiles x one
 // group of 128 weights.
-// Each part is the box of one tensor copy (128-byte aligned): rows 16r + i
-// of the item at 64 i bytes, so lane (g, t) reads rows g and g + 8 at t * 16.
+// Each part is what one copy brings (128-byte aligned): rows 16r + i of the
+// item at 64 i bytes (as they lie in a CUDA plane), so lane (g, t) reads
+// rows g and g + 8 at t * 16.
 template <bool LOWER, int ST, int R> struct Gv {
     static constexpr int kU = 0;                           // uint4 [R][2][32]: upper plane bytes
     static constexpr int kL = R * 1024;                    // uint4 [R][2][32]: lower plane bytes
@@ -606,12 +617,12 @@ template <bool LOWER, int ST, int R> struct Gv {
     static constexpr int kSlot = (kBytes + 127) / 128 * 128;
     static constexpr int kRing = kSlot * ST * kWarps;      // ring bytes per block
 };
-// The decode kernel's copy descriptors: the planes as [m rows][k/2 bytes]
-// in boxes of 16R rows x 64 bytes (one group), the scales and zeros as
+// The decode kernel's copy descriptor for the scales and zeros, as
 // [ceil(m/16) tiles][k/128 groups][64 bytes] in boxes of R tiles x one
-// group. Rows and tiles past the ends arrive as zeros.
+// group; tiles past the end arrive as zeros. (The planes need none: an
+// item's rows of a plane are one contiguous piece, linear_cuda.h.)
 struct WqMaps {
-    CUtensorMap u, l, sz;
+    CUtensorMap sz;
 };
 // Dynamic shared memory of one launch: the ring, then xs[warp][j][NX][8] f32.
 template <bool LOWER, int ST, int R, int NX> size_t gv_smem_bytes(int cw_max) {
@@ -637,11 +648,11 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 }
 
 // The decode kernel's ring: an mbarrier per slot (mbarrier_cuda.cuh),
-// completed by the bytes of the slot's tensor copies.
-__device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
+// completed by the bytes of the slot's copies: `bytes` contiguous bytes
+// (16-byte aligned, a multiple of 16), and a tensor copy of a 3D box.
+__device__ __forceinline__ void bulk1d(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
 __device__ __forceinline__ void tma3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
@@ -687,8 +698,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     __syncwarp();
 
     // The prefetch cursor: row tile pf_tl (of this block's), group index
-    // pf_j, slot pf_s. Lane 0 issues each item's copies: R 16-row tiles of
-    // each plane and their scales and zeros, one tensor copy each.
+    // pf_j, slot pf_s. Lane 0 issues each item's copies: its R 16-row
+    // tiles of each plane (one bulk copy a plane) and their scales and
+    // zeros (one tensor copy).
     int pf_tl = 0, pf_j = 0, pf_s = 0;
     // NOTE: the next kernel (when launched with the PDL attribute) may be
     // scheduled once every warp of every block has either triggered or
@@ -705,8 +717,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
                 // before the copies that overwrite it (async proxy).
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 nb_mbar::arrive_tx(bar, L::kBytes);
-                tma2d(s + L::kU, &maps.u, grp * 64, rt * R * 16, bar);
-                if (LOWER) tma2d(s + L::kL, &maps.l, grp * 64, rt * R * 16, bar);
+                // The item's rows of each plane: one contiguous piece (a
+                // 32-row tile's group, or a 16-row half of it).
+                const int t16 = rt * R;
+                const size_t off = ((size_t)(t16 >> 1) * ng + grp) * kPlaneGroup + (t16 & 1) * (kPlaneGroup / 2);
+                bulk1d(s + L::kU, p.upper + off, R * (kPlaneGroup / 2), bar);
+                if (LOWER) bulk1d(s + L::kL, p.lower + off, R * (kPlaneGroup / 2), bar);
                 tma3d(s + L::kSZ, &maps.sz, 0, grp, rt * R, bar);
             }
             pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
@@ -887,11 +903,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
     WQ_TRACE(5);
 }
 
-// Code of element e of a plane row in the CUDA layout: element 8w + i is
-// nibble rev3(i) of (little-endian) word w.
-__device__ __forceinline__ int plane_code(const uint8_t *row, int e) {
-    const int i = e & 7, n = ((i & 1) << 2) | (i & 2) | (i >> 2);
-    return (row[(e >> 3) * 4 + (n >> 1)] >> ((n & 1) * 4)) & 15;
+// Byte b of row j's group gi in a CUDA plane (linear_cuda.h; ng groups of
+// gs weights a row).
+__device__ __forceinline__ size_t plane_off(size_t j, int gi, int b, int ng, int gs) {
+    return (((j >> 5) * ng + gi) * 32 + (j & 31)) * (size_t)(gs / 2) + b;
+}
+// Code of element e of row j of a CUDA plane: element 8w + i of a group is
+// nibble rev3(i) of (little-endian) word w of the row's group bytes.
+__device__ __forceinline__ int plane_code(const uint8_t *plane, size_t j, int e, int ng, int gs) {
+    const int i = e & 7, n = ((i & 1) << 2) | (i & 2) | (i >> 2), eg = e % gs;
+    return (plane[plane_off(j, e / gs, (eg >> 3) * 4 + (n >> 1), ng, gs)] >> ((n & 1) * 4)) & 15;
 }
 
 // The scale (z = 0) or zero (z = 1) of row j, group gi, in the CUDA sz
@@ -910,14 +931,13 @@ __global__ void wq_simple_kernel(const WqParams p, int gs, int use_lower) {
     const int i = (int)(idx / p.m), j = (int)(idx % p.m);
     const int ng = p.k / gs;
     const XT *xr = static_cast<const XT *>(p.x) + (size_t)i * p.k;
-    const uint8_t *up = p.upper + (size_t)j * p.k / 2;
-    const uint8_t *lo = use_lower ? p.lower + (size_t)j * p.k / 2 : nullptr;
+    const uint8_t *lo = use_lower ? p.lower : nullptr;
     float tot = 0.0f;
     for (int gi = 0; gi < ng; gi++) {
         float d = 0.0f, xs = 0.0f;
         for (int e = gi * gs; e < (gi + 1) * gs; e++) {
-            int c = plane_code(up, e);
-            if (lo) c = 16 * c + plane_code(lo, e) - 8;
+            int c = plane_code(p.upper, (size_t)j, e, ng, gs);
+            if (lo) c = 16 * c + plane_code(lo, (size_t)j, e, ng, gs) - 8;
             const float xv = x_to_f32<XT>(xr[e]);
             d += __fmul_rn(xv, (float)c);
             xs += xv;
@@ -942,15 +962,16 @@ __global__ void wq_dequant_kernel(OT *out, const uint8_t *upper, const uint8_t *
     const size_t j = b / (k / 2);
     const int ng = k / gs;
     const int bb = (int)(b % (k / 2));  // byte bb % 4 of word bb / 4 of the row
+    const size_t src = plane_off(j, bb / (gs / 2), bb % (gs / 2), ng, gs);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int n = (bb & 3) * 2 + h;  // the nibble; it holds element rev3(n) of the word
         const int e = (bb >> 2) * 8 + (((n & 1) << 2) | (n & 2) | (n >> 2));
         const float s = sz_at(sz, j, e / gs, ng, 0), z = sz_at(sz, j, e / gs, ng, 1);
-        int c = (upper[b] >> (4 * h)) & 15;
+        int c = (upper[src] >> (4 * h)) & 15;
         float v;
         if (lower) {
-            c = 16 * c + ((lower[b] >> (4 * h)) & 15) - 8;
+            c = 16 * c + ((lower[src] >> (4 * h)) & 15) - 8;
             v = __fadd_rn(__fmul_rn((float)c, s * 0.0625f), z);
         } else {
             v = __fadd_rn(__fmul_rn((float)c, s), z);
@@ -986,7 +1007,7 @@ bool pdl_on() {
 // The decode kernel's variants: ring depth in items (the 8-bit view always
 // 8 KB in flight a warp: 4 items of 2 KB, or 2 of 4 KB), blocks per SM the
 // registers are budgeted for (launch bounds), items per step, and R, the
-// 16-row tiles per item (2: one tensor copy of 32 rows a plane, and half
+// 16-row tiles per item (2: one bulk copy of 32 rows a plane, and half
 // the x fragments per weight byte). Same bits for every variant (the same
 // per-item arithmetic in the same order). The built-in choice is
 // gemv_builtin's. With the cp.async ring of sessions 11-37 variant 0 was
@@ -1088,30 +1109,21 @@ PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder(cudaError_t *err) {
     return fn;
 }
 
-// The decode kernel's copy descriptors for p's matrix, R 16-row tiles per
-// item (see WqMaps). Needs 16-byte aligned planes and sz, k % 128 == 0.
-cudaError_t wq_maps(const WqParams &p, int R, bool lower, WqMaps *maps) {
+// The decode kernel's copy descriptor for p's scales and zeros, R 16-row
+// tiles per item (see WqMaps). Needs 16-byte aligned sz, k % 128 == 0.
+cudaError_t wq_maps(const WqParams &p, int R, WqMaps *maps) {
     cudaError_t err;
     const PFN_cuTensorMapEncodeTiled_v12000 enc = tmap_encoder(&err);
     if (!enc) return err;
     memset(maps, 0, sizeof *maps);
     const int ng = p.k / kGroup, tiles16 = (p.m + 15) / 16;
-    const cuuint64_t pdim[2] = {(cuuint64_t)p.k / 2, (cuuint64_t)p.m}, pstride[1] = {(cuuint64_t)p.k / 2};
-    const cuuint32_t pbox[2] = {64, (cuuint32_t)(16 * R)}, one[3] = {1, 1, 1};
+    const cuuint32_t one[3] = {1, 1, 1};
     const cuuint64_t zdim[3] = {64, (cuuint64_t)ng, (cuuint64_t)tiles16};
     const cuuint64_t zstride[2] = {64, (cuuint64_t)ng * 64};
     const cuuint32_t zbox[3] = {64, 1, (cuuint32_t)R};
-    auto plane = [&](CUtensorMap *m, const void *base) {
-        return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), pdim, pstride, pbox, one,
-                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    };
-    CUresult r = plane(&maps->u, p.upper);
-    if (r == CUDA_SUCCESS && lower) r = plane(&maps->l, p.lower);
-    if (r == CUDA_SUCCESS)
-        r = enc(&maps->sz, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint16_t *>(p.sz), zdim, zstride, zbox, one,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = enc(&maps->sz, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint16_t *>(p.sz), zdim, zstride,
+                           zbox, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -1148,7 +1160,7 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
     WqMaps maps;
-    if ((err = wq_maps(p, R, LOWER, &maps)) != cudaSuccess) return err;
+    if ((err = wq_maps(p, R, &maps)) != cudaSuccess) return err;
     return nb_pdl::launch(kern, dim3((unsigned)((ntiles + per_block - 1) / per_block)), dim3(kThreads), smem,
                           stream, pdl_on(), static_cast<const WqP<EPI> &>(p), maps, ntiles, cw_max);
 }
@@ -1295,18 +1307,38 @@ extern "C" void nb_cuda_matmul_wq_set_pdl(int on) { g_pdl = on < 0 ? -1 : on != 
 
 extern "C" void nb_cuda_matmul_wq_set_decode_kernel(int on) { g_gemv = on < 0 ? -1 : on != 0; }
 
-extern "C" nb_status nb_cuda_wq_pack_plane(uint8_t *plane, size_t bytes) {
-    if ((bytes & 3u) || (bytes && !plane)) return NB_ERR_INVALID_ARG;
-    for (size_t o = 0; o < bytes; o += 4) {
-        const uint32_t q = (uint32_t)plane[o] | (uint32_t)plane[o + 1] << 8 |
-                           (uint32_t)plane[o + 2] << 16 | (uint32_t)plane[o + 3] << 24;
-        // Nibbles 0, 2, 5, 7 stay; 1 <-> 4 and 3 <-> 6 trade places.
-        const uint32_t r = (q & 0xf0f00f0fu) | ((q & 0x0000f0f0u) << 12) | ((q >> 12) & 0x0000f0f0u);
-        plane[o] = (uint8_t)r;
-        plane[o + 1] = (uint8_t)(r >> 8);
-        plane[o + 2] = (uint8_t)(r >> 16);
-        plane[o + 3] = (uint8_t)(r >> 24);
-    }
+extern "C" size_t nb_cuda_wq_plane_bytes(int m, int k) {
+    if (m < 0 || nb_wq_group_size(k) == 0) return 0;
+    return (size_t)((m + 31) / 32) * 32 * (size_t)(k / 2);
+}
+
+extern "C" nb_status nb_cuda_wq_pack_plane(uint8_t *dst, const uint8_t *src, int m, int k) {
+    const int gs = nb_wq_group_size(k);
+    if (m < 0 || gs == 0 || (m > 0 && (!dst || !src))) return NB_ERR_INVALID_ARG;
+    const size_t bytes = nb_cuda_wq_plane_bytes(m, k), rb = (size_t)k / 2, gb = (size_t)gs / 2;
+    if (dst < src + (size_t)m * rb && src < dst + bytes) return NB_ERR_INVALID_ARG;
+    const int ng = k / gs, tiles = (m + 31) / 32;
+    uint8_t *o = dst;
+    for (int tl = 0; tl < tiles; tl++)
+        for (int gi = 0; gi < ng; gi++)
+            for (int r = 0; r < 32; r++, o += gb) {
+                const int j = tl * 32 + r;
+                if (j >= m) {
+                    memset(o, 0, gb);
+                    continue;
+                }
+                const uint8_t *in = src + (size_t)j * rb + (size_t)gi * gb;
+                for (size_t w = 0; w < gb; w += 4) {
+                    const uint32_t q = (uint32_t)in[w] | (uint32_t)in[w + 1] << 8 | (uint32_t)in[w + 2] << 16 |
+                                       (uint32_t)in[w + 3] << 24;
+                    // Nibbles 0, 2, 5, 7 stay; 1 <-> 4 and 3 <-> 6 trade places.
+                    const uint32_t v = (q & 0xf0f00f0fu) | ((q & 0x0000f0f0u) << 12) | ((q >> 12) & 0x0000f0f0u);
+                    o[w] = (uint8_t)v;
+                    o[w + 1] = (uint8_t)(v >> 8);
+                    o[w + 2] = (uint8_t)(v >> 16);
+                    o[w + 3] = (uint8_t)(v >> 24);
+                }
+            }
     return NB_OK;
 }
 

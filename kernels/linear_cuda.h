@@ -3,7 +3,7 @@
 // 8-bit view of the same bytes) or dense fp16/bf16 through cuBLAS.
 //
 // The one idea: a quantized matmul is memory bound at decode batch sizes, so
-// the weights are streamed once (tensor copies into shared memory on the
+// the weights are streamed once (bulk copies into shared memory on the
 // decode path, 16-byte loads in the tile kernel) and dequantized in
 // registers straight into tensor-core (mma.sync m16n8k16) operands; the
 // integer codes (0..15, or -8..247 in two parts) are exact in f16/bf16, the
@@ -37,19 +37,33 @@ extern "C" {
 #include "nb_status.h"
 #include "wquant.h"
 
-// The CUDA layout of a weight plane: the wquant.h plane ([m][k/2] bytes,
-// element e of a row in byte e/2, low nibble first) with the nibbles of each
-// 4-byte little-endian word reordered so that nibble n holds element rev3(n)
-// of the word's 8 (rev3 reverses 3 bits: 0,4,2,6,1,5,3,7), which lets the
-// kernels turn codes into tensor-core operands in the order x lies in
-// memory (linear_cuda.cu). Every plane passed to the functions below
-// (upper and lower) is in this layout; scales and zeros are in the sz layout
-// below.
-// nb_cuda_wq_pack_plane converts a host plane in place, and since the
-// reorder is its own inverse the same call converts back. bytes must be a
-// multiple of 4 (every supported k gives one). Returns NB_OK or
-// NB_ERR_INVALID_ARG.
-nb_status nb_cuda_wq_pack_plane(uint8_t *plane /*[bytes] host*/, size_t bytes);
+// The CUDA layout of a weight plane. wquant.h's plane is [m][k/2] bytes,
+// element e of a row in byte e/2, low nibble first. The CUDA plane differs
+// in two ways:
+//  - tiles: rows go in 32-row tiles (the pack writes the rows past m as
+//    zeros; no stored output depends on them), and within a tile
+//    group-major: for tile T = j/32, group G (g = nb_wq_group_size(k)
+//    weights, g/2 bytes a row) and byte b of row j's group,
+//        offset = ((T * (k/g) + G) * 32 + j % 32) * (g/2) + b,
+//    so one decode-kernel item (32 rows x one group: 2 KB at g = 128, or
+//    its 16-row half) is one contiguous piece, copied as one bulk copy
+//    of whole 128-byte lines instead of 32 pieces of 64 bytes;
+//  - nibbles: within each 4-byte little-endian word, nibble n holds
+//    element rev3(n) of the word's 8 (rev3 reverses 3 bits: 0,4,2,6,1,5,3,7),
+//    which lets the kernels turn codes into tensor-core operands in the
+//    order x lies in memory (linear_cuda.cu).
+// Every plane passed to the functions below (upper and lower) is in this
+// layout, nb_cuda_wq_plane_bytes(m, k) bytes; scales and zeros are in the
+// sz layout below.
+// Bytes of an [m][k] matrix's CUDA plane: ceil(m/32) * 32 * k/2; 0 for
+// m < 0 or an unsupported k.
+size_t nb_cuda_wq_plane_bytes(int m, int k);
+// Writes the CUDA plane dst (host, nb_cuda_wq_plane_bytes(m, k) bytes) of
+// the wquant.h plane src (host, [m][k/2]). Returns NB_OK or
+// NB_ERR_INVALID_ARG (m < 0, unsupported k, NULL pointers with m > 0,
+// dst overlapping src).
+nb_status nb_cuda_wq_pack_plane(uint8_t *dst /*[nb_cuda_wq_plane_bytes] host*/,
+                                const uint8_t *src /*[m][k/2] host*/, int m, int k);
 
 // The CUDA layout of a matrix's scales and zeros (sz): for each 16-row tile
 // T and group G, 64 contiguous bytes, 8 bytes per row pair g = 0..7:
@@ -67,8 +81,8 @@ nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale /*[m][k/g]*/,
 // A quantized [m][k] matrix on the device in the CUDA layouts above (the
 // caller owns the buffers). lower may be NULL for a draft-only matrix.
 typedef struct nb_cuda_wq {
-    const uint8_t *upper;  // [m][k/2] CUDA-layout plane
-    const uint8_t *lower;  // [m][k/2] CUDA-layout plane, or NULL
+    const uint8_t *upper;  // [nb_cuda_wq_plane_bytes(m, k)] CUDA-layout plane
+    const uint8_t *lower;  // the same, or NULL
     const uint16_t *sz;    // [nb_cuda_wq_sz_elems(m, k)] f16
 } nb_cuda_wq;
 
@@ -94,7 +108,7 @@ size_t nb_cuda_matmul_wq_workspace_bytes(int n, int m, int k);
 // takes the tensor-core path; other supported k (32, 64, 96) or alignments
 // take a simple scalar kernel. On that path n <= 16 with 16-byte aligned sz
 // runs the streaming decode kernel (persistent blocks, a ring per warp
-// fed by tensor copies, see set_pdl below; from n = 9 each item's weights meet two
+// fed by bulk copies, see set_pdl below; from n = 9 each item's weights meet two
 // tiles of 8 rows of x; at n <= 8 the 8-bit view only for matrices of more
 // than 16M weights; k <= 64k from n = 9); it computes each output with the same operations
 // in the same order as the tile kernel that takes the other calls, so a

@@ -335,38 +335,92 @@ static lin_path path_of(const cuda_backend *be, const dlin *L, nb_fwd_mode mode)
     return LIN_DENSE;
 }
 
-// Quantizes w on the host into the CUDA layouts (linear_cuda.h): *h (caller
-// frees) holds the upper plane, the lower plane when int8, then sz.
-static nb_status wq_host(const nb_tensor_view *w, bool int8, uint8_t **h_out, char *err, size_t err_len) {
-    const int m = (int)w->shape[0], k = (int)w->shape[1];
-    size_t plane = 0, n_groups = 0;
-    nb_status st = nb_wq_sizes(m, k, &plane, &n_groups);
+
+// The device buffer of L's quantized copy (L->m, L->k set): the upper
+// plane, the lower plane when int8, then sz, in the kernels' layouts
+// (linear_cuda.h). Under plan_only the pointers are placeholders (non-NULL:
+// the path rule needs to see a copy).
+static nb_status lin_alloc_q(cuda_backend *be, dlin *L, bool int8, char *err, size_t err_len) {
+    const size_t pb = nb_cuda_wq_plane_bytes(L->m, L->k), planes = pb * (int8 ? 2 : 1);
+    const size_t bytes = planes + nb_cuda_wq_sz_elems(L->m, L->k) * sizeof(uint16_t);
+    void *dev = NULL;
+    nb_status st = dev_alloc(be, &dev, bytes, err, err_len);
     if (st != NB_OK) return st;
-    const size_t planes = plane * (int8 ? 2 : 1);
-    const size_t bytes = planes + nb_cuda_wq_sz_elems(m, k) * sizeof(uint16_t);
-    // h: what is uploaded, then wquant.h's scale and zero arrays.
-    uint8_t *h = malloc(bytes + 2 * n_groups * sizeof(uint16_t));
-    if (!h) {
-        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w->name);
+    be->wq_bytes += bytes;
+    uint8_t *d = dev;
+    L->q.upper = d;
+    L->q.lower = int8 ? d + pb : NULL;
+    L->q.sz = (const uint16_t *)(d + planes);
+    if (be->plan_only) {
+        L->q.upper = (const uint8_t *)1;
+        L->q.lower = int8 ? (const uint8_t *)1 : NULL;
+    }
+    return NB_OK;
+}
+
+// The quantized copy of a matrix made of np parts stacked by rows (np = 1:
+// one matrix) into its device buffer (L->q: the upper plane, the lower
+// plane when int8, then sz, one piece). Each part is quantized by the
+// reference function (nb_wq_quantize), its rows moved where dlin.swiglu or
+// dlin.rope say (nb_cuda_wq_swiglu_row; nb_cuda_wq_rope_row of head_dim D),
+// and the whole matrix packed into the kernels' layouts (linear_cuda.h: the
+// planes are tile-major in 32-row tiles, so parts are packed together, not
+// one by one) and uploaded at once.
+static nb_status lin_put_q(cuda_backend *be, const dlin *L, const nb_tensor_view *const *w, int np, int D,
+                           char *err, size_t err_len) {
+    const int k = L->k, m = L->m;
+    const bool int8 = L->q.lower != NULL;
+    const size_t nplanes = int8 ? 2 : 1;
+    size_t plane = 0, ng = 0, pmax = 0;
+    nb_status st = nb_wq_sizes(m, k, &plane, &ng);
+    if (st != NB_OK) return st;
+    for (int i = 0; i < np; i++)
+        if ((size_t)w[i]->shape[0] > pmax) pmax = (size_t)w[i]->shape[0];
+    const size_t rowb = (size_t)k / 2, gpr = ng / (size_t)m, szn = nb_cuda_wq_sz_elems(m, k);
+    const size_t pb = nb_cuda_wq_plane_bytes(m, k), bytes = pb * nplanes + szn * sizeof(uint16_t);
+    // tmp: one part as quantized (planes, scales, zeros); rm: the whole
+    // matrix in wquant.h's layouts, rows moved; h: what is uploaded.
+    uint8_t *tmp = malloc(pmax * rowb * nplanes + 2 * pmax * gpr * sizeof(uint16_t));
+    uint8_t *rm = malloc(plane * nplanes + 2 * ng * sizeof(uint16_t));
+    uint8_t *h = malloc(bytes);
+    if (!tmp || !rm || !h) {
+        free(tmp);
+        free(rm);
+        free(h);
+        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w[0]->name);
         return NB_ERR_OUT_OF_MEMORY;
     }
-    uint16_t *hs = (uint16_t *)(h + bytes);
-    st = nb_wq_quantize(w->data, w->dtype, m, k, h, int8 ? h + plane : NULL, hs, hs + n_groups);
-    if (st != NB_OK) {
-        free(h);
-        nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w->name, nb_status_str(st));
-        return st;
+    uint8_t *tlo = int8 ? tmp + pmax * rowb : NULL;
+    uint16_t *ts = (uint16_t *)(tmp + pmax * rowb * nplanes), *hs = (uint16_t *)(rm + plane * nplanes);
+    for (int pi = 0, r0 = 0; pi < np && st == NB_OK; r0 += (int)w[pi]->shape[0], pi++) {
+        const int mp = (int)w[pi]->shape[0];
+        const size_t png = (size_t)mp * gpr;
+        st = nb_wq_quantize(w[pi]->data, w[pi]->dtype, mp, k, tmp, tlo, ts, ts + png);
+        if (st != NB_OK) {
+            nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w[pi]->name, nb_status_str(st));
+            break;
+        }
+        for (int j = 0; j < mp; j++) {
+            const size_t r = (size_t)(L->swiglu ? nb_cuda_wq_swiglu_row(j, pi)
+                                      : L->rope ? nb_cuda_wq_rope_row(r0 + j, D)
+                                                : r0 + j);
+            memcpy(rm + r * rowb, tmp + (size_t)j * rowb, rowb);
+            if (int8) memcpy(rm + plane + r * rowb, tlo + (size_t)j * rowb, rowb);
+            memcpy(hs + r * gpr, ts + (size_t)j * gpr, gpr * sizeof(uint16_t));
+            memcpy(hs + ng + r * gpr, ts + png + (size_t)j * gpr, gpr * sizeof(uint16_t));
+        }
     }
-    st = nb_cuda_wq_pack_plane(h, plane);
-    if (st == NB_OK && int8) st = nb_cuda_wq_pack_plane(h + plane, plane);
-    if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + planes), hs, hs + n_groups, m, k);
-    if (st != NB_OK) {
-        free(h);
-        nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w->name, nb_status_str(st));
-        return st;
+    if (st == NB_OK) {
+        st = nb_cuda_wq_pack_plane(h, rm, m, k);
+        if (st == NB_OK && int8) st = nb_cuda_wq_pack_plane(h + pb, rm + plane, m, k);
+        if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + pb * nplanes), hs, hs + ng, m, k);
+        if (st != NB_OK) nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w[0]->name, nb_status_str(st));
     }
-    *h_out = h;
-    return NB_OK;
+    if (st == NB_OK) st = h2d(be, (uint8_t *)L->q.upper, h, bytes, err, err_len);
+    free(tmp);
+    free(rm);
+    free(h);
+    return st;
 }
 
 // Uploads one linear layer: the dense weights when some pass uses them, the
@@ -393,34 +447,13 @@ static nb_status lin_init(cuda_backend *be, dlin *L, const nb_tensor_view *w,
         if (st != NB_OK) return st;
     }
     if (!want_q) return NB_OK;
-    // The kernels' layouts (linear_cuda.h): planes in their nibble order,
-    // then scales and zeros tile-major (sz).
-    const size_t planes = plane * (int8 ? 2 : 1);
-    const size_t bytes = planes + nb_cuda_wq_sz_elems(L->m, L->k) * sizeof(uint16_t);
-    void *dev = NULL;
-    st = dev_alloc(be, &dev, bytes, err, err_len);
-    if (st != NB_OK) return st;
-    be->wq_bytes += bytes;
-    uint8_t *d = dev;
-    L->q.upper = d;
-    L->q.lower = int8 ? d + plane : NULL;
-    L->q.sz = (const uint16_t *)(d + planes);
-    if (be->plan_only) {
-        L->q.upper = (const uint8_t *)1; // non-NULL: the path rule needs to see a copy
-        L->q.lower = int8 ? (const uint8_t *)1 : NULL;
-        return NB_OK;
-    }
-    uint8_t *h = NULL;
-    st = wq_host(w, int8, &h, err, err_len);
-    if (st == NB_OK) st = h2d(be, dev, h, bytes, err, err_len);
-    free(h);
-    return st;
+    if ((st = lin_alloc_q(be, L, int8, err, err_len)) != NB_OK || be->plan_only) return st;
+    return lin_put_q(be, L, &w, 1, 0, err, err_len);
 }
 
 // Rows [r0, r0 + m) of a fused projection: the dense copy (converted to
-// be->adt), the bias and the quantized copy of part w, at their offsets.
-// Every part but the last has m % 16 == 0, so its quantized rows are whole
-// 16-row tiles: the fused sz is the parts' sz one after the other.
+// be->adt) and the bias of part w, at their offsets. (The quantized copy
+// is packed for all parts at once: lin_put_q.)
 static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_view *w, const nb_tensor_view *b,
                               int r0, char *err, size_t err_len) {
     const int m = (int)w->shape[0], k = L->k;
@@ -432,77 +465,13 @@ static nb_status lin_put_part(cuda_backend *be, const dlin *L, const nb_tensor_v
     if (L->bias && (st = h2d_as(be, (uint8_t *)L->bias + (size_t)r0 * nb_dtype_size(L->bias_dt), b, (size_t)m,
                                 L->bias_dt, err, err_len)) != NB_OK)
         return st;
-    if (!L->q.upper || L->swiglu || L->rope) return NB_OK; // moved rows: lin_put_q_moved uploads q
-    const bool int8 = L->q.lower != NULL;
-    size_t plane = 0, total_plane = 0;
-    nb_wq_sizes(m, k, &plane, NULL);
-    nb_wq_sizes(L->m, k, &total_plane, NULL);
-    uint8_t *h = NULL;
-    if ((st = wq_host(w, int8, &h, err, err_len)) != NB_OK) return st;
-    const size_t off = (size_t)r0 * k / 2, szn = nb_cuda_wq_sz_elems(m, k);
-    uint8_t *up = (uint8_t *)L->q.upper;
-    st = h2d(be, up + off, h, plane, err, err_len);
-    if (st == NB_OK && int8) st = h2d(be, up + total_plane + off, h + plane, plane, err, err_len);
-    if (st == NB_OK)
-        st = h2d(be, (uint16_t *)L->q.sz + (size_t)r0 / 16 * (k / nb_wq_group_size(k)) * 32,
-                 h + plane * (int8 ? 2 : 1), szn * sizeof(uint16_t), err, err_len);
-    free(h);
-    return st;
+    return NB_OK;
 }
 
 // Whether environment variable `name` is set to "0..." (a switch turned off).
 static bool env_off(const char *name) {
     const char *e = getenv(name);
     return e && e[0] == '0';
-}
-
-// A draft-only quantized copy with its rows moved (dlin.swiglu, dlin.rope):
-// each part quantized by the reference function (as wq_host does), its
-// rows moved (gate|up: nb_cuda_wq_swiglu_row; q|k|v: nb_cuda_wq_rope_row
-// of head_dim D), the whole packed and uploaded as one matrix.
-static nb_status lin_put_q_moved(cuda_backend *be, const dlin *L, const nb_tensor_view *const *w, int np, int D,
-                                 char *err, size_t err_len) {
-    const int k = L->k, m = L->m;
-    size_t plane = 0, ng = 0, pmax = 0;
-    nb_status st = nb_wq_sizes(m, k, &plane, &ng);
-    if (st != NB_OK) return st;
-    for (int i = 0; i < np; i++)
-        if ((size_t)w[i]->shape[0] > pmax) pmax = (size_t)w[i]->shape[0];
-    const size_t rowb = (size_t)k / 2, gpr = ng / (size_t)m, szn = nb_cuda_wq_sz_elems(m, k);
-    uint8_t *tmp = malloc(pmax * rowb + 2 * pmax * gpr * sizeof(uint16_t));
-    uint8_t *h = malloc(plane + szn * sizeof(uint16_t) + 2 * ng * sizeof(uint16_t));
-    if (!tmp || !h) {
-        free(tmp);
-        free(h);
-        nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w[0]->name);
-        return NB_ERR_OUT_OF_MEMORY;
-    }
-    uint16_t *ts = (uint16_t *)(tmp + pmax * rowb), *hs = (uint16_t *)(h + plane + szn * sizeof(uint16_t));
-    for (int pi = 0, r0 = 0; pi < np && st == NB_OK; r0 += (int)w[pi]->shape[0], pi++) {
-        const int mp = (int)w[pi]->shape[0];
-        const size_t png = (size_t)mp * gpr;
-        st = nb_wq_quantize(w[pi]->data, w[pi]->dtype, mp, k, tmp, NULL, ts, ts + png);
-        if (st != NB_OK) {
-            nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w[pi]->name, nb_status_str(st));
-            break;
-        }
-        for (int j = 0; j < mp; j++) {
-            const size_t r = (size_t)(L->swiglu ? nb_cuda_wq_swiglu_row(j, pi) : nb_cuda_wq_rope_row(r0 + j, D));
-            memcpy(h + r * rowb, tmp + (size_t)j * rowb, rowb);
-            memcpy(hs + r * gpr, ts + (size_t)j * gpr, gpr * sizeof(uint16_t));
-            memcpy(hs + ng + r * gpr, ts + png + (size_t)j * gpr, gpr * sizeof(uint16_t));
-        }
-    }
-    if (st == NB_OK) {
-        st = nb_cuda_wq_pack_plane(h, plane);
-        if (st == NB_OK) st = nb_cuda_wq_pack_sz((uint16_t *)(h + plane), hs, hs + ng, m, k);
-        if (st != NB_OK) nb_set_err(err, err_len, "cuda backend: cannot repack %s: %s", w[0]->name, nb_status_str(st));
-    }
-    if (st == NB_OK) st = h2d(be, (uint8_t *)L->q.upper, h, plane, err, err_len);
-    if (st == NB_OK) st = h2d(be, (uint16_t *)L->q.sz, h + plane, szn * sizeof(uint16_t), err, err_len);
-    free(tmp);
-    free(h);
-    return st;
 }
 
 // The dense copy of gate|up (parts w[0], w[1] of I rows each) in the
@@ -587,31 +556,18 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
         be->weight_bytes += bytes;
         L->bias = dev;
     }
-    if (want_q) {
-        const size_t bytes = plane * (int8 ? 2 : 1) + nb_cuda_wq_sz_elems(L->m, L->k) * sizeof(uint16_t);
-        if ((st = dev_alloc(be, &dev, bytes, err, err_len)) != NB_OK) return st;
-        be->wq_bytes += bytes;
-        uint8_t *d = dev;
-        L->q.upper = d;
-        L->q.lower = int8 ? d + plane : NULL;
-        L->q.sz = (const uint16_t *)(d + plane * (int8 ? 2 : 1));
-    }
-    if (be->plan_only) {
-        if (want_q) { // non-NULL: the path rule needs to see a copy
-            L->q.upper = (const uint8_t *)1;
-            L->q.lower = int8 ? (const uint8_t *)1 : NULL;
-        }
-        return NB_OK;
-    }
+    if (want_q && (st = lin_alloc_q(be, L, int8, err, err_len)) != NB_OK) return st;
+    if (be->plan_only) return NB_OK;
     for (int i = 0, r0 = 0; i < np; r0 += (int)w[i]->shape[0], i++)
         if ((st = lin_put_part(be, L, w[i], b[i], r0, err, err_len)) != NB_OK) return st;
     if (L->dswiglu && (st = lin_put_dense_moved(be, L, w, err, err_len)) != NB_OK) return st;
-    return L->swiglu || L->rope ? lin_put_q_moved(be, L, w, np, rope_D, err, err_len) : NB_OK;
+    return want_q ? lin_put_q(be, L, w, np, rope_D, err, err_len) : NB_OK;
 }
 
 // Can parts w[0..np) (biases b) be one stacked matrix? Same k and dtype,
-// every part but the last a whole number of 16-row tiles (the quantized
-// copy's sz is tile-major), biases all present with one dtype or all absent.
+// every part but the last a whole number of 16-row tiles (so that no 16-row
+// tile of the quantized copy mixes two parts' rows), biases all present
+// with one dtype or all absent.
 static bool lin_fusable(const nb_tensor_view *const *w, const nb_tensor_view *const *b, int np) {
     const bool has_b = b[0] && b[0]->data;
     for (int i = 0; i < np; i++) {

@@ -350,7 +350,7 @@ int main(int argc, char **argv) {
     double goal_speedup[3] = {0, 0, 0};
     for (int si = 0; si < n_shapes; si++) {
         const int m = shapes[si][0], k = shapes[si][1], ng = k / NB_WQ_GROUP;
-        const size_t plane = (size_t)m * k / 2, groups = (size_t)m * ng;
+        const size_t plane = nb_cuda_wq_plane_bytes(m, k), groups = (size_t)m * ng;
         const size_t wq4_bytes = plane + groups * 4, dense_bytes = (size_t)m * k * 2;
         const int cq = (int)((4 * l2 + wq4_bytes - 1) / wq4_bytes) + 1;
         const int cd = (int)((4 * l2 + dense_bytes - 1) / dense_bytes) + 1;

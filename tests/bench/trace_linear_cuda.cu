@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
     nb_cuda_matmul_wq_set_gemv_variant(var);
     if (argc > 7) nb_cuda_matmul_wq_set_blocks_per_sm(bps);
 
-    const size_t plane = (size_t)m * k / 2, ngr = (size_t)m * k / 128;
+    const size_t plane = nb_cuda_wq_plane_bytes(m, k), ngr = (size_t)m * k / 128;
     const size_t per_copy = plane + 4 * ngr;
     int copies = (int)((200u << 20) / per_copy) + 1;
     if (copies > L) copies = L;

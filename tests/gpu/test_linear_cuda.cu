@@ -186,12 +186,21 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     nb_ref_matmul(S[2], xabs, wabs, NB_DTYPE_F32, babs, NB_DTYPE_F32, nmax, m, k);
 
     // Device copies (planes in the CUDA layout).
-    uint8_t *upk = (uint8_t *)malloc(pb), *lok = (uint8_t *)malloc(pb);
-    memcpy(upk, up, pb);
-    memcpy(lok, lo, pb);
-    CHECK(nb_cuda_wq_pack_plane(upk, pb) == NB_OK);
-    CHECK(nb_cuda_wq_pack_plane(lok, pb) == NB_OK);
-    uint8_t *d_up = (uint8_t *)dev_upload(upk, pb), *d_lo = (uint8_t *)dev_upload(lok, pb);
+    const size_t cpb = nb_cuda_wq_plane_bytes(m, k);
+    uint8_t *upk = (uint8_t *)malloc(cpb), *lok = (uint8_t *)malloc(cpb);
+    CHECK(cpb >= pb && nb_cuda_wq_pack_plane(upk, up, m, k) == NB_OK);
+    CHECK(nb_cuda_wq_pack_plane(lok, lo, m, k) == NB_OK);
+    // The padding rows of the last 32-row tile (zeros as packed) get codes:
+    // no stored output may depend on them.
+    const int gsz = nb_wq_group_size(k), pgb = gsz / 2, png = k / gsz;
+    for (int j = m; j < (m + 31) / 32 * 32; j++)
+        for (int gi = 0; gi < png; gi++)
+            for (int b = 0; b < pgb; b++) {
+                const size_t o = ((size_t)((j / 32) * png + gi) * 32 + j % 32) * pgb + b;
+                upk[o] = (uint8_t)(0xa5 + b);
+                lok[o] = (uint8_t)(0x5a + j);
+            }
+    uint8_t *d_up = (uint8_t *)dev_upload(upk, cpb), *d_lo = (uint8_t *)dev_upload(lok, cpb);
     free(upk);
     free(lok);
     const size_t nsz = nb_cuda_wq_sz_elems(m, k);
@@ -501,26 +510,51 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     free(babs);
 }
 
-// The CUDA plane layout (host code, checked with or without a GPU): codes
-// 0..7 of a word land in nibbles rev3(n); the reorder is its own inverse.
+// The CUDA plane layout (host code, checked with or without a GPU): 32-row
+// tiles, group-major within a tile, rows past m zero; codes 0..7 of a word
+// in nibbles rev3(n).
 static void check_pack(void) {
-    uint8_t wd[8] = {0x10, 0x32, 0x54, 0x76, 0xef, 0xcd, 0xab, 0x89};
-    CHECK(nb_cuda_wq_pack_plane(wd, sizeof wd) == NB_OK);
-    // Nibbles n = 0..7 hold elements 0,4,2,6,1,5,3,7 (element i's code is i
-    // in the first word, 15 - i in the second).
-    CHECKF(wd[0] == 0x40 && wd[1] == 0x62 && wd[2] == 0x51 && wd[3] == 0x73,
-           "pack: word 0 is %02x %02x %02x %02x", wd[0], wd[1], wd[2], wd[3]);
-    CHECKF(wd[4] == 0xbf && wd[5] == 0x9d && wd[6] == 0xae && wd[7] == 0x8c,
-           "pack: word 1 is %02x %02x %02x %02x", wd[4], wd[5], wd[6], wd[7]);
-    uint8_t r[64], c[64];
-    for (int i = 0; i < 64; i++) r[i] = c[i] = (uint8_t)(urand() * 256.0);
-    CHECK(nb_cuda_wq_pack_plane(c, sizeof c) == NB_OK);
-    CHECK(memcmp(c, r, sizeof c) != 0);
-    CHECK(nb_cuda_wq_pack_plane(c, sizeof c) == NB_OK);
-    CHECK(memcmp(c, r, sizeof c) == 0);
-    CHECK(nb_cuda_wq_pack_plane(c, 6) == NB_ERR_INVALID_ARG);
-    CHECK(nb_cuda_wq_pack_plane(NULL, 4) == NB_ERR_INVALID_ARG);
-    CHECK(nb_cuda_wq_pack_plane(NULL, 0) == NB_OK);
+    // One row, one group of 32 (k = 32): nibbles n = 0..7 of a word hold
+    // elements 0,4,2,6,1,5,3,7 (element i's code is i in the first word,
+    // 15 - i in the second); rows 1..31 of the tile are zeros.
+    uint8_t wd[16] = {0x10, 0x32, 0x54, 0x76, 0xef, 0xcd, 0xab, 0x89, 0x10, 0x32, 0x54, 0x76, 0xef, 0xcd, 0xab, 0x89};
+    uint8_t cw[32 * 16];
+    CHECK(nb_cuda_wq_plane_bytes(1, 32) == sizeof cw);
+    memset(cw, 0xff, sizeof cw);
+    CHECK(nb_cuda_wq_pack_plane(cw, wd, 1, 32) == NB_OK);
+    CHECKF(cw[0] == 0x40 && cw[1] == 0x62 && cw[2] == 0x51 && cw[3] == 0x73,
+           "pack: word 0 is %02x %02x %02x %02x", cw[0], cw[1], cw[2], cw[3]);
+    CHECKF(cw[4] == 0xbf && cw[5] == 0x9d && cw[6] == 0xae && cw[7] == 0x8c,
+           "pack: word 1 is %02x %02x %02x %02x", cw[4], cw[5], cw[6], cw[7]);
+    size_t nz = 0;
+    for (size_t i = 16; i < sizeof cw; i++) nz += cw[i] != 0;
+    CHECKF(nz == 0, "pack: %zu padding bytes not zero", nz);
+
+    // m = 40 (a partial second tile), k = 256 (two groups of 128): every
+    // code where the layout puts it, padding rows zero.
+    enum { PM = 40, PK = 256, PNG = 2 };
+    static uint8_t src[PM * PK / 2], dst[64 * PK / 2];
+    CHECK(nb_cuda_wq_plane_bytes(PM, PK) == sizeof dst);
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(urand() * 256.0);
+    memset(dst, 0xff, sizeof dst);
+    CHECK(nb_cuda_wq_pack_plane(dst, src, PM, PK) == NB_OK);
+    size_t misplaced = 0;
+    for (int j = 0; j < 64; j++)
+        for (int e = 0; e < PK; e++) {
+            const int gi = e / 128, eg = e % 128, i = eg & 7, n = ((i & 1) << 2) | (i & 2) | (i >> 2);
+            const size_t o = ((size_t)((j / 32) * PNG + gi) * 32 + j % 32) * 64 + (eg >> 3) * 4 + (n >> 1);
+            const int got = (dst[o] >> ((n & 1) * 4)) & 15;
+            const int want = j < PM ? (src[(size_t)j * PK / 2 + e / 2] >> ((e & 1) * 4)) & 15 : 0;
+            misplaced += got != want;
+        }
+    CHECKF(misplaced == 0, "pack: %zu of %d codes misplaced", misplaced, 64 * PK);
+    CHECK(nb_cuda_wq_plane_bytes(PM, 100) == 0 && nb_cuda_wq_plane_bytes(-1, PK) == 0);
+    CHECK(nb_cuda_wq_plane_bytes(0, PK) == 0);
+    CHECK(nb_cuda_wq_pack_plane(dst, src, PM, 100) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_wq_pack_plane(NULL, src, PM, PK) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_wq_pack_plane(dst, NULL, PM, PK) == NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_wq_pack_plane(src, src, 1, 32) == NB_ERR_INVALID_ARG); // in place
+    CHECK(nb_cuda_wq_pack_plane(NULL, NULL, 0, PK) == NB_OK);
 
     // sz: 16-row tiles, then groups, then row pairs (g, g+8): scale, scale,
     // zero, zero; rows past m zero. m = 20 (a partial second tile), 2 groups.
@@ -606,12 +640,15 @@ static moved_wq make_moved_wq(int m, int k, const int *row_of, const char *what)
     q.sc = sc[0];
     q.zr = zr[0];
     uint16_t *sz = (uint16_t *)malloc(nsz * 2);
+    const size_t cpb = nb_cuda_wq_plane_bytes(m, k);
+    uint8_t *cp = (uint8_t *)malloc(cpb);
     for (int v = 0; v < 2; v++) {
-        CHECK(nb_cuda_wq_pack_plane(up[v], pb) == NB_OK);
+        CHECK(nb_cuda_wq_pack_plane(cp, up[v], m, k) == NB_OK);
         CHECK(nb_cuda_wq_pack_sz(sz, sc[v], zr[v], m, k) == NB_OK);
-        q.dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(up[v], pb), NULL, (const uint16_t *)dev_upload(sz, nsz * 2)};
+        q.dw[v] = (nb_cuda_wq){(const uint8_t *)dev_upload(cp, cpb), NULL, (const uint16_t *)dev_upload(sz, nsz * 2)};
         free(up[v]);
     }
+    free(cp);
     free(sc[1]);
     free(zr[1]);
     free(sz);
