@@ -373,26 +373,34 @@ static nb_status lin_put_q(cuda_backend *be, const dlin *L, const nb_tensor_view
     const size_t nplanes = int8 ? 2 : 1;
     size_t plane = 0, ng = 0, pmax = 0;
     nb_status st = nb_wq_sizes(m, k, &plane, &ng);
-    if (st != NB_OK) return st;
+    if (st != NB_OK || m == 0) return st;
     for (int i = 0; i < np; i++)
         if ((size_t)w[i]->shape[0] > pmax) pmax = (size_t)w[i]->shape[0];
     const size_t rowb = (size_t)k / 2, gpr = ng / (size_t)m, szn = nb_cuda_wq_sz_elems(m, k);
     const size_t pb = nb_cuda_wq_plane_bytes(m, k), bytes = pb * nplanes + szn * sizeof(uint16_t);
-    // tmp: one part as quantized (planes, scales, zeros); rm: the whole
-    // matrix in wquant.h's layouts, rows moved; h: what is uploaded.
-    uint8_t *tmp = malloc(pmax * rowb * nplanes + 2 * pmax * gpr * sizeof(uint16_t));
+    // rm: the whole matrix in wquant.h's layouts, rows moved; tmp: one part
+    // as quantized (planes, scales, zeros), unless a single matrix in its
+    // own row order is quantized straight into rm; h: what is uploaded.
+    const bool direct = np == 1 && !L->swiglu && !L->rope;
+    uint8_t *tmp = direct ? NULL : malloc(pmax * rowb * nplanes + 2 * pmax * gpr * sizeof(uint16_t));
     uint8_t *rm = malloc(plane * nplanes + 2 * ng * sizeof(uint16_t));
     uint8_t *h = malloc(bytes);
-    if (!tmp || !rm || !h) {
+    if ((!direct && !tmp) || !rm || !h) {
         free(tmp);
         free(rm);
         free(h);
         nb_set_err(err, err_len, "cuda backend: out of host memory quantizing %s", w[0]->name);
         return NB_ERR_OUT_OF_MEMORY;
     }
-    uint8_t *tlo = int8 ? tmp + pmax * rowb : NULL;
-    uint16_t *ts = (uint16_t *)(tmp + pmax * rowb * nplanes), *hs = (uint16_t *)(rm + plane * nplanes);
-    for (int pi = 0, r0 = 0; pi < np && st == NB_OK; r0 += (int)w[pi]->shape[0], pi++) {
+    uint16_t *hs = (uint16_t *)(rm + plane * nplanes);
+    if (direct) {
+        st = nb_wq_quantize(w[0]->data, w[0]->dtype, m, k, rm, int8 ? rm + plane : NULL, hs, hs + ng);
+        if (st != NB_OK)
+            nb_set_err(err, err_len, "cuda backend: cannot quantize %s: %s", w[0]->name, nb_status_str(st));
+    }
+    uint8_t *tlo = !direct && int8 ? tmp + pmax * rowb : NULL;
+    uint16_t *ts = direct ? NULL : (uint16_t *)(tmp + pmax * rowb * nplanes);
+    for (int pi = 0, r0 = 0; !direct && pi < np && st == NB_OK; r0 += (int)w[pi]->shape[0], pi++) {
         const int mp = (int)w[pi]->shape[0];
         const size_t png = (size_t)mp * gpr;
         st = nb_wq_quantize(w[pi]->data, w[pi]->dtype, mp, k, tmp, tlo, ts, ts + png);
