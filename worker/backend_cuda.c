@@ -335,7 +335,6 @@ static lin_path path_of(const cuda_backend *be, const dlin *L, nb_fwd_mode mode)
     return LIN_DENSE;
 }
 
-
 // The device buffer of L's quantized copy (L->m, L->k set): the upper
 // plane, the lower plane when int8, then sz, in the kernels' layouts
 // (linear_cuda.h). Under plan_only the pointers are placeholders (non-NULL:
@@ -573,9 +572,9 @@ static nb_status lin_init_cat(cuda_backend *be, dlin *L, const nb_tensor_view *c
 }
 
 // Can parts w[0..np) (biases b) be one stacked matrix? Same k and dtype,
-// every part but the last a whole number of 16-row tiles (so that no 16-row
-// tile of the quantized copy mixes two parts' rows), biases all present
-// with one dtype or all absent.
+// every part but the last a whole number of 16-row tiles (the rule every
+// fused path is tested under; lin_put_q packs the quantized copy whole, so
+// it would not need it), biases all present with one dtype or all absent.
 static bool lin_fusable(const nb_tensor_view *const *w, const nb_tensor_view *const *b, int np) {
     const bool has_b = b[0] && b[0]->data;
     for (int i = 0; i < np; i++) {
