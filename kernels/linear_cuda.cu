@@ -36,8 +36,6 @@
 #include "pdl_cuda.cuh"
 #include "elementwise_cuda.cuh"
 
-#include <cuda.h>  // CUtensorMap (encoded through the runtime's driver entry point; no libcuda link)
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -434,7 +432,10 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
         }
         const int tile = row0 / 16 + r;
         tok[r] = tile * 16 < p.m;
-        wsz[r] = reinterpret_cast<const uint2 *>(p.sz + (size_t)(tok[r] ? tile : 0) * ng * 32) + g;
+        // Tile `tile`'s half of its 32-row tile's 128 bytes a group (sz
+        // layout, linear_cuda.h); group G is 16 uint2 on.
+        const int tt = tok[r] ? tile : 0;
+        wsz[r] = reinterpret_cast<const uint2 *>(p.sz + ((size_t)(tt >> 1) * ng * 2 + (tt & 1)) * 32) + g;
     }
     const uint8_t *xp[NT];
     bool xok[NT];
@@ -479,7 +480,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
             const bool gok = grp < ng;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const uint2 szv = gok && tok[r] ? __ldg(wsz[r] + (size_t)grp * 8) : make_uint2(0, 0);
+                const uint2 szv = gok && tok[r] ? __ldg(wsz[r] + (size_t)grp * 16) : make_uint2(0, 0);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const bool ok = gok && rok[r][h];
@@ -579,9 +580,10 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 //     shared memory (kGvVars), issuing item i + ST as it finishes item i,
 //     across tile boundaries, so loads are always in flight. Lane 0 issues
 //     an item as bulk copies (cp.async.bulk: the item's 16R rows of each
-//     plane, 1 or 2 KB contiguous in the CUDA plane layout, and a tensor
-//     copy of the R tiles' 64 bytes of scales and zeros) that complete on
-//     the slot's mbarrier, which every lane waits on. Session 38 replaced
+//     plane, 1 or 2 KB contiguous in the CUDA plane layout, and the R
+//     tiles' 64 bytes each of scales and zeros, contiguous in the sz
+//     layout) that complete on the slot's mbarrier, which every lane waits
+//     on. Session 38 replaced
 //     per-lane 16-byte cp.async copies (3 instructions and ~20 of address
 //     and predicate work per item, and 4 load-unit passes per 32-lane
 //     copy) with tensor copies of 16R rows x 64 bytes from row-major
@@ -590,7 +592,9 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 //     4096x4096 / 14336x4096 / 4096x14336. Session 40 made the planes
 //     tile-major, so an item is one contiguous piece of whole 128-byte
 //     lines: H100 n = 1, 4-bit, 5.12-5.15 / 11.66-11.73 / 12.59-12.68 ->
-//     4.96-4.99 / 11.54-11.66 / 12.17-12.25 us (docs/benchmarks.md);
+//     4.96-4.99 / 11.54-11.66 / 12.17-12.25 us (docs/benchmarks.md), and
+//     the scales and zeros tile-major in 32-row tiles too, so that no copy
+//     needs a tensor map (none is encoded per launch);
 //   - the group sums of x (the zero term) depend only on the group, so each
 //     warp computes its groups' sums once (the same mma as the tile kernel),
 //     in the first tile's steps from the x fragments loaded there anyway,
@@ -617,13 +621,6 @@ template <bool LOWER, int ST, int R> struct Gv {
     static constexpr int kSlot = (kBytes + 127) / 128 * 128;
     static constexpr int kRing = kSlot * ST * kWarps;      // ring bytes per block
 };
-// The decode kernel's copy descriptor for the scales and zeros, as
-// [ceil(m/16) tiles][k/128 groups][64 bytes] in boxes of R tiles x one
-// group; tiles past the end arrive as zeros. (The planes need none: an
-// item's rows of a plane are one contiguous piece, linear_cuda.h.)
-struct WqMaps {
-    CUtensorMap sz;
-};
 // Dynamic shared memory of one launch: the ring, then xs[warp][j][NX][8] f32.
 template <bool LOWER, int ST, int R, int NX> size_t gv_smem_bytes(int cw_max) {
     return (size_t)Gv<LOWER, ST, R>::kRing + (size_t)kWarps * cw_max * NX * 8 * sizeof(float);
@@ -648,18 +645,11 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 }
 
 // The decode kernel's ring: an mbarrier per slot (mbarrier_cuda.cuh),
-// completed by the bytes of the slot's copies: `bytes` contiguous bytes
-// (16-byte aligned, a multiple of 16), and a tensor copy of a 3D box.
+// completed by the bytes of the slot's bulk copies, each `bytes`
+// contiguous bytes (16-byte aligned, a multiple of 16).
 __device__ __forceinline__ void bulk1d(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void tma3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                      uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
 
@@ -672,7 +662,7 @@ __device__ __forceinline__ void tma3d(uint32_t dst, const CUtensorMap *map, int 
 // the tile kernel whatever R and NX.
 template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
 __global__ void __launch_bounds__(kThreads, MINB)
-    wq_gemv_kernel(const WqP<EPI> p, const __grid_constant__ WqMaps maps, int ntiles, int cw_max) {
+    wq_gemv_kernel(const WqP<EPI> p, int ntiles, int cw_max) {
     static_assert(!X1 || NX == 1, "X1: one row of x");
     extern __shared__ __align__(128) unsigned char gv_smem[];
     __shared__ float red[2][kWarps][NX * 8][R * 16];
@@ -699,8 +689,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
     // The prefetch cursor: row tile pf_tl (of this block's), group index
     // pf_j, slot pf_s. Lane 0 issues each item's copies: its R 16-row
-    // tiles of each plane (one bulk copy a plane) and their scales and
-    // zeros (one tensor copy).
+    // tiles of each plane and their scales and zeros, one bulk copy each.
     int pf_tl = 0, pf_j = 0, pf_s = 0;
     // NOTE: the next kernel (when launched with the PDL attribute) may be
     // scheduled once every warp of every block has either triggered or
@@ -723,7 +712,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
                 const size_t off = ((size_t)(t16 >> 1) * ng + grp) * kPlaneGroup + (t16 & 1) * (kPlaneGroup / 2);
                 bulk1d(s + L::kU, p.upper + off, R * (kPlaneGroup / 2), bar);
                 if (LOWER) bulk1d(s + L::kL, p.lower + off, R * (kPlaneGroup / 2), bar);
-                tma3d(s + L::kSZ, &maps.sz, 0, grp, rt * R, bar);
+                // Its scales and zeros: the same in the sz layout (64 bytes
+                // a 16-row tile).
+                bulk1d(s + L::kSZ, p.sz + (((size_t)(t16 >> 1) * ng + grp) * 2 + (t16 & 1)) * 32, R * 64, bar);
             }
             pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
             if (++pf_j == cw) {
@@ -919,7 +910,7 @@ __device__ __forceinline__ int plane_code(const uint8_t *plane, size_t j, int e,
 // layout (ng groups per row).
 __device__ __forceinline__ float sz_at(const uint16_t *sz, size_t j, int gi, int ng, int z) {
     const int rt = (int)(j & 15);
-    return f16_bits_to_f32(sz[((j >> 4) * ng + gi) * 32 + (rt & 7) * 4 + z * 2 + (rt >> 3)]);
+    return f16_bits_to_f32(sz[(((j >> 5) * ng + gi) * 2 + ((j >> 4) & 1)) * 32 + (rt & 7) * 4 + z * 2 + (rt >> 3)]);
 }
 
 // Any supported k (group size gs = 32..128): one thread per output, the same
@@ -1090,42 +1081,6 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
     return per_sm;
 }
 
-// The driver's tensor-map encoder, looked up once through the runtime (so
-// nothing links libcuda); null and *err set where the driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder(cudaError_t *err) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (!fn) {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        *err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-        if (*err != cudaSuccess) return nullptr;
-        if (q != cudaDriverEntryPointSuccess || !f) {
-            *err = cudaErrorNotSupported;
-            return nullptr;
-        }
-        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }
-    *err = cudaSuccess;
-    return fn;
-}
-
-// The decode kernel's copy descriptor for p's scales and zeros, R 16-row
-// tiles per item (see WqMaps). Needs 16-byte aligned sz, k % 128 == 0.
-cudaError_t wq_maps(const WqParams &p, int R, WqMaps *maps) {
-    cudaError_t err;
-    const PFN_cuTensorMapEncodeTiled_v12000 enc = tmap_encoder(&err);
-    if (!enc) return err;
-    memset(maps, 0, sizeof *maps);
-    const int ng = p.k / kGroup, tiles16 = (p.m + 15) / 16;
-    const cuuint32_t one[3] = {1, 1, 1};
-    const cuuint64_t zdim[3] = {64, (cuuint64_t)ng, (cuuint64_t)tiles16};
-    const cuuint64_t zstride[2] = {64, (cuuint64_t)ng * 64};
-    const cuuint32_t zbox[3] = {64, 1, (cuuint32_t)R};
-    const CUresult r = enc(&maps->sz, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint16_t *>(p.sz), zdim, zstride,
-                           zbox, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
 
 // One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
@@ -1159,10 +1114,8 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     const int resident = bps * sms;
     const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
-    WqMaps maps;
-    if ((err = wq_maps(p, R, &maps)) != cudaSuccess) return err;
     return nb_pdl::launch(kern, dim3((unsigned)((ntiles + per_block - 1) / per_block)), dim3(kThreads), smem,
-                          stream, pdl_on(), static_cast<const WqP<EPI> &>(p), maps, ntiles, cw_max);
+                          stream, pdl_on(), static_cast<const WqP<EPI> &>(p), ntiles, cw_max);
 }
 
 template <typename XT, bool LOWER, int V, bool X1, int EPI>
@@ -1345,17 +1298,17 @@ extern "C" nb_status nb_cuda_wq_pack_plane(uint8_t *dst, const uint8_t *src, int
 extern "C" size_t nb_cuda_wq_sz_elems(int m, int k) {
     const int gs = nb_wq_group_size(k);
     if (m < 0 || gs == 0) return 0;
-    return (size_t)((m + 15) / 16) * (size_t)(k / gs) * 32;
+    return (size_t)((m + 31) / 32) * (size_t)(k / gs) * 64;
 }
 
 extern "C" nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale, const uint16_t *zero,
                                         int m, int k) {
     const int gs = nb_wq_group_size(k);
     if (m < 0 || gs == 0 || (m > 0 && (!sz || !scale || !zero))) return NB_ERR_INVALID_ARG;
-    const int ng = k / gs, tiles = (m + 15) / 16;
+    const int ng = k / gs, tiles = (m + 31) / 32 * 2;  // 16-row halves of the 32-row tiles
     for (int tl = 0; tl < tiles; tl++)
         for (int gi = 0; gi < ng; gi++) {
-            uint16_t *c = sz + ((size_t)tl * ng + gi) * 32;
+            uint16_t *c = sz + (((size_t)(tl >> 1) * ng + gi) * 2 + (tl & 1)) * 32;
             for (int rt = 0; rt < 16; rt++) {
                 const int j = tl * 16 + rt;
                 const size_t e = (size_t)j * ng + gi;

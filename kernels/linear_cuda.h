@@ -68,10 +68,13 @@ nb_status nb_cuda_wq_pack_plane(uint8_t *dst /*[nb_cuda_wq_plane_bytes] host*/,
 // The CUDA layout of a matrix's scales and zeros (sz): for each 16-row tile
 // T and group G, 64 contiguous bytes, 8 bytes per row pair g = 0..7:
 // scale(16T+g), scale(16T+g+8), zero(16T+g), zero(16T+g+8), f16 as in
-// wquant.h; rows past m are zeros. One decode-kernel item (16 rows, one
-// group) then copies its scales and zeros as one 64-byte piece instead of
-// 32 scattered 2-byte values. Element count (f16) of an [m][k] matrix's sz,
-// ceil(m/16) * 16 * (k/g) * 2; 0 for an unsupported k.
+// wquant.h; rows past m are zeros. Like the planes, tile-major in 32-row
+// tiles: the 64 bytes of 16-row tile T, group G at byte
+// ((T/2 * (k/g) + G) * 2 + T%2) * 64. One decode-kernel item (16 or 32
+// rows, one group) then copies its scales and zeros as one 64- or 128-byte
+// piece instead of 16 or 32 scattered 2-byte values. Element count (f16)
+// of an [m][k] matrix's sz, ceil(m/32) * 32 * (k/g) * 2; 0 for an
+// unsupported k.
 size_t nb_cuda_wq_sz_elems(int m, int k);
 // Fills sz (host, nb_cuda_wq_sz_elems(m, k) elements) from wquant.h's
 // scale and zero arrays. Returns NB_OK or NB_ERR_INVALID_ARG.

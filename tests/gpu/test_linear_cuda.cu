@@ -556,10 +556,11 @@ static void check_pack(void) {
     CHECK(nb_cuda_wq_pack_plane(src, src, 1, 32) == NB_ERR_INVALID_ARG); // in place
     CHECK(nb_cuda_wq_pack_plane(NULL, NULL, 0, PK) == NB_OK);
 
-    // sz: 16-row tiles, then groups, then row pairs (g, g+8): scale, scale,
-    // zero, zero; rows past m zero. m = 20 (a partial second tile), 2 groups.
-    enum { M = 20, K = 256, NG = 2 };
-    uint16_t sc[M * NG], zr[M * NG], sz[2 * NG * 32];
+    // sz: 32-row tiles, then groups, then 16-row halves, then row pairs
+    // (g, g+8): scale, scale, zero, zero; rows past m zero. m = 40 (a
+    // partial second 32-row tile), 2 groups.
+    enum { M = 40, K = 256, NG = 2 };
+    uint16_t sc[M * NG], zr[M * NG], sz[4 * NG * 32];
     for (int j = 0; j < M; j++)
         for (int gi = 0; gi < NG; gi++) {
             sc[j * NG + gi] = (uint16_t)(1000 + 10 * j + gi);
@@ -570,15 +571,15 @@ static void check_pack(void) {
     memset(sz, 0xff, sizeof sz);
     CHECK(nb_cuda_wq_pack_sz(sz, sc, zr, M, K) == NB_OK);
     size_t bad = 0;
-    for (int tl = 0; tl < 2; tl++)
+    for (int tl = 0; tl < 4; tl++)
         for (int gi = 0; gi < NG; gi++)
             for (int g = 0; g < 8; g++)
                 for (int q = 0; q < 4; q++) {
                     const int j = tl * 16 + g + 8 * (q & 1);
                     const uint16_t want = j >= M ? 0 : (q < 2 ? sc : zr)[j * NG + gi];
-                    bad += sz[(tl * NG + gi) * 32 + g * 4 + q] != want;
+                    bad += sz[(((tl / 2) * NG + gi) * 2 + tl % 2) * 32 + g * 4 + q] != want;
                 }
-    CHECKF(bad == 0, "pack_sz: %zu of %d values misplaced", bad, 2 * NG * 32);
+    CHECKF(bad == 0, "pack_sz: %zu of %d values misplaced", bad, 4 * NG * 32);
     CHECK(nb_cuda_wq_pack_sz(sz, sc, zr, M, 100) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_wq_pack_sz(NULL, sc, zr, M, K) == NB_ERR_INVALID_ARG);
 }
