@@ -582,19 +582,19 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
 //     an item as bulk copies (cp.async.bulk: the item's 16R rows of each
 //     plane, 1 or 2 KB contiguous in the CUDA plane layout, and the R
 //     tiles' 64 bytes each of scales and zeros, contiguous in the sz
-//     layout) that complete on the slot's mbarrier, which every lane waits
-//     on. Session 38 replaced
-//     per-lane 16-byte cp.async copies (3 instructions and ~20 of address
-//     and predicate work per item, and 4 load-unit passes per 32-lane
-//     copy) with tensor copies of 16R rows x 64 bytes from row-major
-//     planes: H200 n = 1, with the 32-row variants that then became the
-//     built-in ones, 4.75 / 11.2 / 12.1 -> 4.6 / 10.5 / 11.1-11.4 us at
-//     4096x4096 / 14336x4096 / 4096x14336. Session 40 made the planes
-//     tile-major, so an item is one contiguous piece of whole 128-byte
-//     lines: H100 n = 1, 4-bit, 5.12-5.15 / 11.66-11.73 / 12.59-12.68 ->
-//     4.96-4.99 / 11.54-11.66 / 12.17-12.25 us (docs/benchmarks.md), and
-//     the scales and zeros tile-major in 32-row tiles too, so that no copy
-//     needs a tensor map (none is encoded per launch);
+//     layout) that complete on the slot's mbarrier, which every lane
+//     waits on. Session 38 replaced per-lane 16-byte cp.async copies (3
+//     instructions and ~20 of address and predicate work per item, and 4
+//     load-unit passes per 32-lane copy) with tensor copies of 16R rows x
+//     64 bytes from row-major planes: H200 n = 1, with the 32-row variants
+//     that then became the built-in ones, 4.75 / 11.2 / 12.1 -> 4.6 / 10.5
+//     / 11.1-11.4 us at 4096x4096 / 14336x4096 / 4096x14336. Session 40
+//     made the planes tile-major, so an item is one contiguous piece of
+//     whole 128-byte lines: H100 n = 1, 4-bit, 5.12-5.15 / 11.66-11.73 /
+//     12.59-12.68 -> 4.96-4.99 / 11.54-11.66 / 12.17-12.25 us
+//     (docs/benchmarks.md), and the scales and zeros tile-major in 32-row
+//     tiles too, so that no copy needs a tensor map (none is encoded per
+//     launch);
 //   - the group sums of x (the zero term) depend only on the group, so each
 //     warp computes its groups' sums once (the same mma as the tile kernel),
 //     in the first tile's steps from the x fragments loaded there anyway,
@@ -1080,7 +1080,6 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
     if (slot) cached[dev][id][cls] = per_sm;
     return per_sm;
 }
-
 
 // One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
