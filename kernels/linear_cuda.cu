@@ -60,7 +60,7 @@ struct WqParams {
     const void *x;          // [n][k] XT
     const uint8_t *upper;   // CUDA plane (linear_cuda.h)
     const uint8_t *lower;   // CUDA plane (8-bit view only)
-    const uint16_t *sz;     // [ceil(m/16)][k/g][8][4] f16 (nb_cuda_wq)
+    const uint16_t *sz;     // CUDA sz layout, 32-row tiles (linear_cuda.h)
     const void *bias;       // [m] bias_dt or NULL
     int out_dt, bias_dt;
     int n, m, k;
