@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
     // Row row0 + g's first group in the CUDA plane layout (linear_cuda.h;
     // the block's rows lie in one 32-row tile, padded past m); the group G
     // of row row0 + i is kPlaneGroup * G + 64 (i - g) bytes on from there.
-    const size_t o0 = (((size_t)(row0 >> 5) * ng) * 32 + (row0 & 31) + g) * (kGroup / 2) + t * 16;
+    const size_t o0 = nb_cuda_wq_plane_off(row0, 0, 0, ng, kGroup / 2) + (g * (kGroup / 2) + t * 16);
 #pragma unroll
     for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
         // Tile `tile`'s half of its 32-row tile's 128 bytes a group (sz
         // layout, linear_cuda.h); group G is 16 uint2 on.
         const int tt = tok[r] ? tile : 0;
-        wsz[r] = reinterpret_cast<const uint2 *>(p.sz + ((size_t)(tt >> 1) * ng * 2 + (tt & 1)) * 32) + g;
+        wsz[r] = reinterpret_cast<const uint2 *>(p.sz + nb_cuda_wq_sz_off(tt, 0, ng)) + g;
     }
     const uint8_t *xp[NT];
     bool xok[NT];
@@ -709,12 +709,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
                 // The item's rows of each plane: one contiguous piece (a
                 // 32-row tile's group, or a 16-row half of it).
                 const int t16 = rt * R;
-                const size_t off = ((size_t)(t16 >> 1) * ng + grp) * kPlaneGroup + (t16 & 1) * (kPlaneGroup / 2);
+                const size_t off = nb_cuda_wq_plane_off(t16 * 16, grp, 0, ng, kGroup / 2);
                 bulk1d(s + L::kU, p.upper + off, R * (kPlaneGroup / 2), bar);
                 if (LOWER) bulk1d(s + L::kL, p.lower + off, R * (kPlaneGroup / 2), bar);
                 // Its scales and zeros: the same in the sz layout (64 bytes
                 // a 16-row tile).
-                bulk1d(s + L::kSZ, p.sz + (((size_t)(t16 >> 1) * ng + grp) * 2 + (t16 & 1)) * 32, R * 64, bar);
+                bulk1d(s + L::kSZ, p.sz + nb_cuda_wq_sz_off(t16, grp, ng), R * 64, bar);
             }
             pf_s = pf_s + 1 == ST ? 0 : pf_s + 1;
             if (++pf_j == cw) {
@@ -897,7 +897,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 // Byte b of row j's group gi in a CUDA plane (linear_cuda.h; ng groups of
 // gs weights a row).
 __device__ __forceinline__ size_t plane_off(size_t j, int gi, int b, int ng, int gs) {
-    return (((j >> 5) * ng + gi) * 32 + (j & 31)) * (size_t)(gs / 2) + b;
+    return nb_cuda_wq_plane_off((int)j, gi, b, ng, gs / 2);
 }
 // Code of element e of row j of a CUDA plane: element 8w + i of a group is
 // nibble rev3(i) of (little-endian) word w of the row's group bytes.
@@ -909,8 +909,7 @@ __device__ __forceinline__ int plane_code(const uint8_t *plane, size_t j, int e,
 // The scale (z = 0) or zero (z = 1) of row j, group gi, in the CUDA sz
 // layout (ng groups per row).
 __device__ __forceinline__ float sz_at(const uint16_t *sz, size_t j, int gi, int ng, int z) {
-    const int rt = (int)(j & 15);
-    return f16_bits_to_f32(sz[(((j >> 5) * ng + gi) * 2 + ((j >> 4) & 1)) * 32 + (rt & 7) * 4 + z * 2 + (rt >> 3)]);
+    return f16_bits_to_f32(sz[nb_cuda_wq_sz_off((int)(j >> 4), gi, ng) + nb_cuda_wq_sz_slot((int)(j & 15), z)]);
 }
 
 // Any supported k (group size gs = 32..128): one thread per output, the same
@@ -1269,28 +1268,26 @@ extern "C" nb_status nb_cuda_wq_pack_plane(uint8_t *dst, const uint8_t *src, int
     if (m < 0 || gs == 0 || (m > 0 && (!dst || !src))) return NB_ERR_INVALID_ARG;
     const size_t bytes = nb_cuda_wq_plane_bytes(m, k), rb = (size_t)k / 2, gb = (size_t)gs / 2;
     if (dst < src + (size_t)m * rb && src < dst + bytes) return NB_ERR_INVALID_ARG;
-    const int ng = k / gs, tiles = (m + 31) / 32;
-    uint8_t *o = dst;
-    for (int tl = 0; tl < tiles; tl++)
-        for (int gi = 0; gi < ng; gi++)
-            for (int r = 0; r < 32; r++, o += gb) {
-                const int j = tl * 32 + r;
-                if (j >= m) {
-                    memset(o, 0, gb);
-                    continue;
-                }
-                const uint8_t *in = src + (size_t)j * rb + (size_t)gi * gb;
-                for (size_t w = 0; w < gb; w += 4) {
-                    const uint32_t q = (uint32_t)in[w] | (uint32_t)in[w + 1] << 8 | (uint32_t)in[w + 2] << 16 |
-                                       (uint32_t)in[w + 3] << 24;
-                    // Nibbles 0, 2, 5, 7 stay; 1 <-> 4 and 3 <-> 6 trade places.
-                    const uint32_t v = (q & 0xf0f00f0fu) | ((q & 0x0000f0f0u) << 12) | ((q >> 12) & 0x0000f0f0u);
-                    o[w] = (uint8_t)v;
-                    o[w + 1] = (uint8_t)(v >> 8);
-                    o[w + 2] = (uint8_t)(v >> 16);
-                    o[w + 3] = (uint8_t)(v >> 24);
-                }
+    const int ng = k / gs, rows = (m + 31) / 32 * 32;
+    for (int j = 0; j < rows; j++)
+        for (int gi = 0; gi < ng; gi++) {
+            uint8_t *o = dst + nb_cuda_wq_plane_off(j, gi, 0, ng, gs / 2);
+            if (j >= m) {
+                memset(o, 0, gb);
+                continue;
             }
+            const uint8_t *in = src + (size_t)j * rb + (size_t)gi * gb;
+            for (size_t w = 0; w < gb; w += 4) {
+                const uint32_t q = (uint32_t)in[w] | (uint32_t)in[w + 1] << 8 | (uint32_t)in[w + 2] << 16 |
+                                   (uint32_t)in[w + 3] << 24;
+                // Nibbles 0, 2, 5, 7 stay; 1 <-> 4 and 3 <-> 6 trade places.
+                const uint32_t v = (q & 0xf0f00f0fu) | ((q & 0x0000f0f0u) << 12) | ((q >> 12) & 0x0000f0f0u);
+                o[w] = (uint8_t)v;
+                o[w + 1] = (uint8_t)(v >> 8);
+                o[w + 2] = (uint8_t)(v >> 16);
+                o[w + 3] = (uint8_t)(v >> 24);
+            }
+        }
     return NB_OK;
 }
 
@@ -1307,13 +1304,12 @@ extern "C" nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale, con
     const int ng = k / gs, tiles = (m + 31) / 32 * 2;  // 16-row halves of the 32-row tiles
     for (int tl = 0; tl < tiles; tl++)
         for (int gi = 0; gi < ng; gi++) {
-            uint16_t *c = sz + (((size_t)(tl >> 1) * ng + gi) * 2 + (tl & 1)) * 32;
+            uint16_t *c = sz + nb_cuda_wq_sz_off(tl, gi, ng);
             for (int rt = 0; rt < 16; rt++) {
                 const int j = tl * 16 + rt;
                 const size_t e = (size_t)j * ng + gi;
-                const int o = (rt & 7) * 4 + (rt >> 3);
-                c[o] = j < m ? scale[e] : 0;
-                c[o + 2] = j < m ? zero[e] : 0;
+                c[nb_cuda_wq_sz_slot(rt, 0)] = j < m ? scale[e] : 0;
+                c[nb_cuda_wq_sz_slot(rt, 1)] = j < m ? zero[e] : 0;
             }
         }
     return NB_OK;

@@ -55,6 +55,12 @@ extern "C" {
 // Every plane passed to the functions below (upper and lower) is in this
 // layout, nb_cuda_wq_plane_bytes(m, k) bytes; scales and zeros are in the
 // sz layout below.
+// The one definition of that offset, shared by the host pack and every
+// kernel that reads a plane: byte b of row j's group G (ng = k/g groups
+// a row, gb = g/2 bytes a group).
+static inline NB_KV_HD size_t nb_cuda_wq_plane_off(int j, int G, int b, int ng, int gb) {
+    return (((size_t)(j >> 5) * ng + G) * 32 + (j & 31)) * gb + b;
+}
 // Bytes of an [m][k] matrix's CUDA plane: ceil(m/32) * 32 * k/2; 0 for
 // m < 0 or an unsupported k.
 size_t nb_cuda_wq_plane_bytes(int m, int k);
@@ -76,6 +82,14 @@ nb_status nb_cuda_wq_pack_plane(uint8_t *dst /*[nb_cuda_wq_plane_bytes] host*/,
 // of an [m][k] matrix's sz, ceil(m/32) * 32 * (k/g) * 2; 0 for an
 // unsupported k.
 size_t nb_cuda_wq_sz_elems(int m, int k);
+// The sz layout's two offsets, shared by the host pack and the kernels:
+// the first f16 element of 16-row tile t16's 32 for group G (ng = k/g),
+static inline NB_KV_HD size_t nb_cuda_wq_sz_off(int t16, int G, int ng) {
+    return (((size_t)(t16 >> 1) * ng + G) * 2 + (t16 & 1)) * 32;
+}
+// and within those 32, the scale (z = 0) or zero (z = 1) of the tile's
+// row r (0..15).
+static inline NB_KV_HD int nb_cuda_wq_sz_slot(int r, int z) { return (r & 7) * 4 + z * 2 + (r >> 3); }
 // Fills sz (host, nb_cuda_wq_sz_elems(m, k) elements) from wquant.h's
 // scale and zero arrays. Returns NB_OK or NB_ERR_INVALID_ARG.
 nb_status nb_cuda_wq_pack_sz(uint16_t *sz, const uint16_t *scale /*[m][k/g]*/,
