@@ -363,6 +363,35 @@ __device__ __forceinline__ void epi_pairs(const WqP<EPI> &p, Red rb, int xrows, 
         else store_rope(p, xrow, row, va, vb);
     }
 }
+// A warp's sums of one block's tiles into rb[warp], as both kernels stage
+// them for the epilogues: tot[r][c][i] is weight row g + 8*(i/2) of 16-row
+// tile r and x row 8c + 2t + i%2.
+template <typename XT, bool LOWER, int RR, int NC, typename Red>
+__device__ __forceinline__ void stage_tot(Red rb, int warp, int g, int t, const float (&tot)[RR][NC][4]) {
+#pragma unroll
+    for (int r = 0; r < RR; r++)
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                rb[warp][c * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] = tile_out<XT, LOWER>(tot[r][c][i]);
+}
+// The plain epilogue's loop, shared by the tile and decode kernels (a row's
+// bits must not depend on which of them ran): each output of the block
+// summed over the warps in warp order, plus the bias, then stored.
+template <int EPI, int RR, typename Red>
+__device__ __forceinline__ void store_plain(const WqP<EPI> &p, Red rb, int xrows, int row0, int xr0) {
+    for (int idx = threadIdx.x; idx < xrows * RR * 16; idx += kThreads) {
+        const int xc = idx / (RR * 16), rl = idx % (RR * 16);
+        const int row = row0 + rl, xrow = xr0 + xc;
+        if (row >= p.m || xrow >= p.n) continue;
+        float v = rb[0][xc][rl];
+#pragma unroll
+        for (int w = 1; w < kWarps; w++) v += rb[w][xc][rl];
+        if (p.bias) v += load_any(p.bias, p.bias_dt, row);
+        store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
+    }
+}
 
 template <typename XT> __device__ __forceinline__ float x_to_f32(XT v);
 template <> __device__ __forceinline__ float x_to_f32<__half>(__half v) { return __half2float(v); }
@@ -539,29 +568,12 @@ __global__ void __launch_bounds__(kThreads) wq_mma_kernel(const WqP<EPI> p) {
         }
     }
 
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                red[warp][nt * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] =
-                    tile_out<XT, LOWER>(tot[r][nt][i]);
+    stage_tot<XT, LOWER>(red, warp, g, t, tot);
     __syncthreads();
-    if constexpr (EPI != kEpiPlain) { // each output of the other branch, rows rl and rl + 8 paired (m % 16 == 0)
+    if constexpr (EPI != kEpiPlain) // each output of the plain loop, rows rl and rl + 8 paired (m % 16 == 0)
         epi_pairs<EPI, R>(p, red, NT * 8, row0, xr0);
-    } else {
-        for (int idx = threadIdx.x; idx < NT * 8 * R * 16; idx += kThreads) {
-            const int xc = idx / (R * 16), rl = idx % (R * 16);
-            const int row = row0 + rl, xrow = xr0 + xc;
-            if (row >= p.m || xrow >= p.n) continue;
-            float v = red[0][xc][rl];
-#pragma unroll
-            for (int w = 1; w < kWarps; w++) v += red[w][xc][rl];
-            if (p.bias) v += load_any(p.bias, p.bias_dt, row);
-            store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
-        }
-    }
+    else
+        store_plain<EPI, R>(p, red, NT * 8, row0, xr0);
     WQ_TRACE(5);
 }
 
@@ -863,33 +875,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
         WQ_TRACE(4);
         // tot[r][nx][i]: weight row g + 8*(i/2) of tile r, x row 8nx + 2t + i%2.
         float (*rb)[NX * 8][R * 16] = red[tl & 1];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int nx = 0; nx < NX; nx++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    rb[warp][nx * 8 + 2 * t + (i & 1)][r * 16 + g + (i >> 1) * 8] =
-                        tile_out<XT, LOWER>(tot[r][nx][i]);
+        stage_tot<XT, LOWER>(rb, warp, g, t, tot);
         // NOTE: one barrier per row tile: red is double-buffered, and a
         // buffer is rewritten two row tiles later, after every reader has
         // passed the barrier in between.
         __syncthreads();
-        if constexpr (EPI != kEpiPlain) { // as the tile kernel's
+        if constexpr (EPI != kEpiPlain) // as the tile kernel's
             epi_pairs<EPI, R>(p, rb, NX * 8, rt * R * 16, 0);
-        } else {
-            for (int idx = threadIdx.x; idx < NX * 8 * R * 16; idx += kThreads) {
-                const int xc = idx / (R * 16), rl = idx % (R * 16);
-                const int row = rt * R * 16 + rl;
-                if (row < p.m && xc < p.n) {
-                    float v = rb[0][xc][rl];
-#pragma unroll
-                    for (int w = 1; w < kWarps; w++) v += rb[w][xc][rl];
-                    if (p.bias) v += load_any(p.bias, p.bias_dt, row);
-                    store_any(p.out, p.out_dt, (size_t)xc * p.m + row, v);
-                }
-            }
-        }
+        else
+            store_plain<EPI, R>(p, rb, NX * 8, rt * R * 16, 0);
     }
     WQ_TRACE(5);
 }
