@@ -548,6 +548,15 @@ static void check_pack(void) {
             misplaced += got != want;
         }
     CHECKF(misplaced == 0, "pack: %zu of %d codes misplaced", misplaced, 64 * PK);
+    // The kernels address planes through nb_cuda_wq_plane_off: the same
+    // offsets as the formula above, for every (row, group, byte).
+    size_t off_bad = 0;
+    for (int j = 0; j < 64; j++)
+        for (int gi = 0; gi < PNG; gi++)
+            for (int b = 0; b < 64; b++)
+                off_bad += nb_cuda_wq_plane_off(j, gi, b, PNG, 64) !=
+                           ((size_t)((j / 32) * PNG + gi) * 32 + j % 32) * 64 + b;
+    CHECKF(off_bad == 0, "nb_cuda_wq_plane_off: %zu of %d offsets differ", off_bad, 64 * PNG * 64);
     CHECK(nb_cuda_wq_plane_bytes(PM, 100) == 0 && nb_cuda_wq_plane_bytes(-1, PK) == 0);
     CHECK(nb_cuda_wq_plane_bytes(0, PK) == 0);
     CHECK(nb_cuda_wq_pack_plane(dst, src, PM, 100) == NB_ERR_INVALID_ARG);
@@ -580,6 +589,15 @@ static void check_pack(void) {
                     bad += sz[(((tl / 2) * NG + gi) * 2 + tl % 2) * 32 + g * 4 + q] != want;
                 }
     CHECKF(bad == 0, "pack_sz: %zu of %d values misplaced", bad, 4 * NG * 32);
+    // ... and scales through nb_cuda_wq_sz_off + nb_cuda_wq_sz_slot.
+    size_t sz_bad = 0;
+    for (int tl = 0; tl < 4; tl++)
+        for (int gi = 0; gi < NG; gi++)
+            for (int rt = 0; rt < 16; rt++)
+                for (int z = 0; z < 2; z++)
+                    sz_bad += nb_cuda_wq_sz_off(tl, gi, NG) + (size_t)nb_cuda_wq_sz_slot(rt, z) !=
+                              (size_t)(((tl / 2) * NG + gi) * 2 + tl % 2) * 32 + (rt % 8) * 4 + z * 2 + rt / 8;
+    CHECKF(sz_bad == 0, "nb_cuda_wq_sz_off/slot: %zu of %d offsets differ", sz_bad, 4 * NG * 32);
     CHECK(nb_cuda_wq_pack_sz(sz, sc, zr, M, 100) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_wq_pack_sz(NULL, sc, zr, M, K) == NB_ERR_INVALID_ARG);
 }
