@@ -258,6 +258,7 @@ int main(void) {
             void *c = wh_client(ctx, ep, 500);
             Nibbler__V1__Response *r = wh_hello(c);
             up = wh_code(r) == NIBBLER__V1__CODE__OK;
+            CHECK(!up || wh_backend_ok(r));
             wh_free(&r);
             zmq_close(c);
         }

@@ -3,6 +3,14 @@
 // small request helpers for the integration tests. The worker's stderr goes
 // to DIR/worker.log, printed when a test fails.
 //
+// The same tests run against another worker binary and backend from the
+// environment (tests/gpu/run does, on a GPU machine):
+//   NB_TEST_WORKER_BIN   the worker to spawn instead of NB_WORKER_BIN;
+//   NB_TEST_WORKER_ARGS  arguments appended to every spawn's own, split at
+//                        spaces (e.g. "--backend cuda");
+//   NB_TEST_BACKEND      the backend Hello must name (wh_start fails
+//                        otherwise), so a run cannot pass on the wrong one.
+//
 // Always wh_stop() the worker: it is killed and reaped, and the directory is
 // removed, whatever state it is in.
 #ifndef NB_WORKER_HARNESS_H
@@ -78,16 +86,24 @@ static inline bool wh_spawn(wh_worker *w, const char *const *args) {
     if (!mkdtemp(w->dir)) return false;
     snprintf(w->endpoint, sizeof(w->endpoint), "ipc://%s/w.sock", w->dir);
     snprintf(w->log, sizeof(w->log), "%s/worker.log", w->dir);
+    const char *bin = getenv("NB_TEST_WORKER_BIN");
+    if (!bin || !*bin) bin = NB_WORKER_BIN;
     const char *argv[64];
     int n = 0;
-    argv[n++] = NB_WORKER_BIN;
+    argv[n++] = bin;
     for (int i = 0; args[i] && n < 62; i++)
         argv[n++] = strcmp(args[i], "{EP}") == 0 ? w->endpoint : args[i];
+    // NB_TEST_WORKER_ARGS: split at spaces into a buffer that outlives the spawn.
+    static char extra[512];
+    const char *ea = getenv("NB_TEST_WORKER_ARGS");
+    snprintf(extra, sizeof(extra), "%s", ea ? ea : "");
+    for (char *save = NULL, *tok = strtok_r(extra, " ", &save); tok && n < 63; tok = strtok_r(NULL, " ", &save))
+        argv[n++] = tok;
     argv[n] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, w->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int rc = posix_spawn(&w->pid, NB_WORKER_BIN, &fa, NULL, (char *const *)argv, environ);
+    int rc = posix_spawn(&w->pid, bin, &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     static bool registered = false;
     if (!registered) atexit(wh_guard_kill);
@@ -229,6 +245,22 @@ static inline Nibbler__V1__Response *wh_hello(void *sock) {
     return wh_call(sock, &q);
 }
 
+// Whether Hello's OK reply r names the backend NB_TEST_BACKEND asks for
+// (true when that is unset); says which it is either way when it is set.
+static inline bool wh_backend_ok(const Nibbler__V1__Response *r) {
+    const char *want = getenv("NB_TEST_BACKEND");
+    if (!want || !*want) return true;
+    const char *got = r && r->result_case == NIBBLER__V1__RESPONSE__RESULT_HELLO && r->hello->backend
+                          ? r->hello->backend
+                          : "(none)";
+    if (strcmp(got, want) != 0) {
+        fprintf(stderr, "worker runs backend %s, NB_TEST_BACKEND asks for %s\n", got, want);
+        return false;
+    }
+    printf("worker backend: %s\n", got);
+    return true;
+}
+
 static inline Nibbler__V1__Response *wh_health(void *sock) {
     Nibbler__V1__Request q = NIBBLER__V1__REQUEST__INIT;
     Nibbler__V1__Health h = NIBBLER__V1__HEALTH__INIT;
@@ -363,6 +395,11 @@ static inline bool wh_start(wh_worker *w, void *ctx, const char *const *args) {
         void *c = wh_client(ctx, w->endpoint, 500);
         Nibbler__V1__Response *r = c ? wh_hello(c) : NULL;
         bool ok = wh_code(r) == NIBBLER__V1__CODE__OK;
+        if (ok && !wh_backend_ok(r)) {
+            wh_free(&r);
+            zmq_close(c);
+            return false;
+        }
         wh_free(&r);
         if (c) zmq_close(c);
         if (ok) return true;
