@@ -51,6 +51,18 @@ extern "C" {
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) { return lt_urand(&g_rng); } // [0, 1)
 
+// The CUDA layouts as linear_cuda.h states them, written here independently
+// of the library's helpers (the oracle the pack and the helpers are checked
+// against): byte b of row j's group gi of a plane (ng groups of gb bytes a
+// row), and the f16 element of 16-row tile tl, group gi, row rt (0..15) of
+// the tile, z = 0 scale / 1 zero, in sz.
+static size_t oracle_plane_off(int j, int gi, int b, int ng, int gb) {
+    return ((size_t)((j / 32) * ng + gi) * 32 + j % 32) * gb + b;
+}
+static size_t oracle_sz_off(int tl, int gi, int rt, int z, int ng) {
+    return (size_t)(((tl / 2) * ng + gi) * 2 + tl % 2) * 32 + (rt % 8) * 4 + z * 2 + rt / 8;
+}
+
 static void *dev_upload(const void *h, size_t bytes) {
     void *d = NULL;
     CUDA_OK(cudaMalloc(&d, bytes ? bytes : 1));
@@ -196,7 +208,7 @@ static void run_shape(nb_dtype dt, int m, int k, int nmax, const int *ns, int n_
     for (int j = m; j < (m + 31) / 32 * 32; j++)
         for (int gi = 0; gi < png; gi++)
             for (int b = 0; b < pgb; b++) {
-                const size_t o = ((size_t)((j / 32) * png + gi) * 32 + j % 32) * pgb + b;
+                const size_t o = oracle_plane_off(j, gi, b, png, pgb);
                 upk[o] = (uint8_t)(0xa5 + b);
                 lok[o] = (uint8_t)(0x5a + j);
             }
@@ -542,7 +554,7 @@ static void check_pack(void) {
     for (int j = 0; j < 64; j++)
         for (int e = 0; e < PK; e++) {
             const int gi = e / 128, eg = e % 128, i = eg & 7, n = ((i & 1) << 2) | (i & 2) | (i >> 2);
-            const size_t o = ((size_t)((j / 32) * PNG + gi) * 32 + j % 32) * 64 + (eg >> 3) * 4 + (n >> 1);
+            const size_t o = oracle_plane_off(j, gi, (eg >> 3) * 4 + (n >> 1), PNG, 64);
             const int got = (dst[o] >> ((n & 1) * 4)) & 15;
             const int want = j < PM ? (src[(size_t)j * PK / 2 + e / 2] >> ((e & 1) * 4)) & 15 : 0;
             misplaced += got != want;
@@ -554,8 +566,7 @@ static void check_pack(void) {
     for (int j = 0; j < 64; j++)
         for (int gi = 0; gi < PNG; gi++)
             for (int b = 0; b < 64; b++)
-                off_bad += nb_cuda_wq_plane_off(j, gi, b, PNG, 64) !=
-                           ((size_t)((j / 32) * PNG + gi) * 32 + j % 32) * 64 + b;
+                off_bad += nb_cuda_wq_plane_off(j, gi, b, PNG, 64) != oracle_plane_off(j, gi, b, PNG, 64);
     CHECKF(off_bad == 0, "nb_cuda_wq_plane_off: %zu of %d offsets differ", off_bad, 64 * PNG * 64);
     CHECK(nb_cuda_wq_plane_bytes(PM, 100) == 0 && nb_cuda_wq_plane_bytes(-1, PK) == 0);
     CHECK(nb_cuda_wq_plane_bytes(0, PK) == 0);
@@ -586,7 +597,7 @@ static void check_pack(void) {
                 for (int q = 0; q < 4; q++) {
                     const int j = tl * 16 + g + 8 * (q & 1);
                     const uint16_t want = j >= M ? 0 : (q < 2 ? sc : zr)[j * NG + gi];
-                    bad += sz[(((tl / 2) * NG + gi) * 2 + tl % 2) * 32 + g * 4 + q] != want;
+                    bad += sz[oracle_sz_off(tl, gi, g + 8 * (q & 1), q >> 1, NG)] != want;
                 }
     CHECKF(bad == 0, "pack_sz: %zu of %d values misplaced", bad, 4 * NG * 32);
     // ... and scales through nb_cuda_wq_sz_off + nb_cuda_wq_sz_slot.
@@ -596,7 +607,7 @@ static void check_pack(void) {
             for (int rt = 0; rt < 16; rt++)
                 for (int z = 0; z < 2; z++)
                     sz_bad += nb_cuda_wq_sz_off(tl, gi, NG) + (size_t)nb_cuda_wq_sz_slot(rt, z) !=
-                              (size_t)(((tl / 2) * NG + gi) * 2 + tl % 2) * 32 + (rt % 8) * 4 + z * 2 + rt / 8;
+                              oracle_sz_off(tl, gi, rt, z, NG);
     CHECKF(sz_bad == 0, "nb_cuda_wq_sz_off/slot: %zu of %d offsets differ", sz_bad, 4 * NG * 32);
     CHECK(nb_cuda_wq_pack_sz(sz, sc, zr, M, 100) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_wq_pack_sz(NULL, sc, zr, M, K) == NB_ERR_INVALID_ARG);
