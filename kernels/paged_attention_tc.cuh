@@ -15,10 +15,11 @@
 //   - both products run on mma.sync m16n8k16 (f16 in, f32 accumulate), K and
 //     V codes entering as exact f16 SUBNORMALS (code * 2^-24) made by one
 //     AND (draft) or a byte permute (target) per pair of values;
-//   - the per-channel K steps fold into q once per block (three f16x2 ops
-//     per pair: q*S split exactly into hi + lo), the per-block q.Z (and for
-//     the target the -8 of C8 = code - 8) come from 16 MMAs of the zero /
-//     step rows against q, not from scalar loops;
+//   - the per-channel K steps fold into q once per block (target: three
+//     f16x2 ops per pair, q*S split exactly into hi + lo, two MMAs per
+//     k-step; draft: q*S rounded to one f16, one MMA per k-step, C::K1),
+//     the per-block q.Z (and for the target the -8 of C8 = code - 8) come
+//     from 16 MMAs of the zero / step rows against q, not from scalar loops;
 //   - the softmax weights reach the P.V operand through movmatrix (one
 //     instruction per 8x8 transpose) instead of shuffles;
 //   - V codes of two tokens are paired with one byte permute per 4 codes.
@@ -131,6 +132,17 @@ __device__ int g_pa_skip_merge; // timing experiments (NB_PA_SKIPMERGE): see the
 template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
+    // K1: the draft view's quantized K side takes q * S as ONE f16 per
+    // channel (relative error <= 2^-11, one MMA per k-step); the target and
+    // the FP tiles keep it as f16 hi + lo (~22 bits, two MMAs). The draft
+    // only proposes tokens; its 4-bit codes are ~2^-5 steps (docs/decisions.md).
+#if defined(NB_PA_TARGET_K1)
+    static constexpr bool K1 = QUANT; // diagnostic build: the target view too
+#elif !defined(NB_PA_DRAFT_K2)
+    static constexpr bool K1 = QUANT && !TGT;
+#else
+    static constexpr bool K1 = false; // diagnostic build: the session-41 hi + lo draft scores
+#endif
     // CTAs per SM (1 or 2), warps per CTA and ring slots per warp, measured
     // on an H100 (docs/benchmarks.md, sessions 14-15): with one CTA per SM the
     // draft and FP views run faster with 12 x 2 (more warps hide the MMA
@@ -891,7 +903,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                         if (NM > 1 && j >= nact) continue;
                         const uint4 qs = qs_get(j, s);
                         mma16816(sc[j][mt], a, qs.x, qs.y);
-                        mma16816(sl2[j][mt], a, qs.z, qs.w);
+                        if (!C::K1) mma16816(sl2[j][mt], a, qs.z, qs.w);
                     }
                 }
             }
@@ -914,10 +926,12 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
 #pragma unroll
         for (int j = 0; j < NM; j++) {
             if (NM > 1 && j >= nact) continue;
+            if (!C::K1) {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+                for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[j][mt][i] += sl2[j][mt][i];
+                    for (int i = 0; i < 4; i++) sc[j][mt][i] += sl2[j][mt][i];
+            }
             if (full)
                 softmax(std::integral_constant<int, 2>{}, std::false_type{}, j, sc[j], K24, qz[j], tpos, tl, rmask);
             else
@@ -1095,6 +1109,11 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                                 // product residual plus the low part of x times S
                                 const __half2 sv = u2h(sp[r]);
                                 const __half2 xhr = u2h(r ? xh.y : xh.x), xlr = u2h(r ? xl.y : xl.x);
+                                if (C::K1) { // x * S rounded once (x = xh + xl exactly; xl * S is tiny)
+                                    hw[r] = h2u(__hfma2(xhr, sv, __hmul2(xlr, sv)));
+                                    lw[r] = 0u;
+                                    continue;
+                                }
                                 const __half2 hi = __hmul2(xhr, sv);
                                 __half2 lo = __hfma2(xhr, sv, __hneg2(hi));
                                 lo = __hfma2(xlr, sv, lo);
@@ -1147,7 +1166,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                                 const __half2 hi = __floats2half2_rn(a, b);
                                 const float2 hf = __half22float2(hi);
                                 hw[r] = h2u(hi);
-                                lw[r] = h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                                lw[r] = C::K1 ? 0u : h2u(__floats2half2_rn(a - hf.x, b - hf.y));
                             }
                             qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
                         }
