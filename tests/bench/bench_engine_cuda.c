@@ -111,6 +111,7 @@ static double run(const nb_model *m, const int32_t *text, int n_text, run_kind k
 }
 
 int main(int argc, char **argv) {
+    etu_require_shared("data/spec_bench_questions.jsonl"); // the text it decodes from
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         printf("SKIP: no CUDA device\n");

@@ -15,7 +15,7 @@
 //     (greedy; sampled speculative rounds too with draft_batch_invariant).
 // (4) rollback (shallow, deep) and fork on the GPU: repeatable, and
 //     speculative == target-only after them.
-// Exits 77 (skip) without a GPU or without ../shared.
+// Exits 77 (skip) without a GPU or without ../shared (models/ and data/).
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <time.h>
@@ -704,6 +704,9 @@ static void test_sampled_batch_invariance(const nb_model *m, nb_tokenizer *tk) {
 }
 
 int main(void) {
+    etu_require_shared("models/stories260k");
+    etu_require_shared("models/proxy-llama-31m");
+    etu_require_shared("data/spec_bench_questions.jsonl"); // the prompts of (2) and (3)
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         printf("SKIP: no CUDA device\n");

@@ -31,6 +31,19 @@ static inline nb_model *etu_load_model(const char *name) {
     return m;
 }
 
+// Exits 77 (skip) with a message unless ../shared/<rel> exists: a test
+// that needs the shared data as well as the models checks it before its
+// first check (a skip after a failed check would hide the failure).
+static inline void etu_require_shared(const char *rel) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", nb_test_shared_dir(), rel);
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        printf("SKIP: %s not found (set NB_SHARED_DIR to a shared/ folder with models/ and data/)\n", path);
+        exit(NB_TEST_SKIP);
+    }
+}
+
 static inline char *etu_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
