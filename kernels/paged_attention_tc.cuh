@@ -135,7 +135,7 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     // K1: the draft view's quantized K side takes q * S as ONE f16 per
     // channel (relative error <= 2^-11, one MMA per k-step); the target and
     // the FP tiles keep it as f16 hi + lo (~22 bits, two MMAs). The draft
-    // only proposes tokens; its 4-bit codes are ~2^-5 steps (docs/decisions.md).
+    // only proposes tokens, from 4-bit codes of 15 steps (docs/decisions.md).
 #if defined(NB_PA_TARGET_K1)
     static constexpr bool K1 = QUANT; // diagnostic build: the target view too
 #elif !defined(NB_PA_DRAFT_K2)
