@@ -14,23 +14,6 @@
 #include "engine.h"
 #include "nb_test.h"
 
-// Loads ../shared/models/<name>, or exits 77 (skip) with a message if absent.
-static inline nb_model *etu_load_model(const char *name) {
-    char dir[1024], err[512];
-    snprintf(dir, sizeof(dir), "%s/models/%s", nb_test_shared_dir(), name);
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        printf("SKIP: %s not found (set NB_SHARED_DIR to the shared/ folder)\n", dir);
-        exit(NB_TEST_SKIP);
-    }
-    nb_model *m = NULL;
-    if (nb_model_load(dir, &m, err, sizeof(err)) != NB_OK) {
-        fprintf(stderr, "cannot load %s: %s\n", dir, err);
-        exit(1);
-    }
-    return m;
-}
-
 // Exits 77 (skip) with a message unless ../shared/<rel> exists: a test
 // that needs the shared data as well as the models checks it before its
 // first check (a skip after a failed check would hide the failure).
@@ -42,6 +25,20 @@ static inline void etu_require_shared(const char *rel) {
         printf("SKIP: %s not found (set NB_SHARED_DIR to a shared/ folder with models/ and data/)\n", path);
         exit(NB_TEST_SKIP);
     }
+}
+
+// Loads ../shared/models/<name>, or exits 77 (skip) with a message if absent.
+static inline nb_model *etu_load_model(const char *name) {
+    char dir[1024], err[512];
+    snprintf(dir, sizeof(dir), "models/%s", name);
+    etu_require_shared(dir);
+    snprintf(dir, sizeof(dir), "%s/models/%s", nb_test_shared_dir(), name);
+    nb_model *m = NULL;
+    if (nb_model_load(dir, &m, err, sizeof(err)) != NB_OK) {
+        fprintf(stderr, "cannot load %s: %s\n", dir, err);
+        exit(1);
+    }
+    return m;
 }
 
 static inline char *etu_read_file(const char *path, size_t *len) {
