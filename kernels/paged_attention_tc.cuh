@@ -1007,286 +1007,295 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     auto qb_fp = [&](int j) -> const uint32_t * { return qb + j * 2 * 32 * 32 + 32 * 32; };
 
     int cur_chunk = chunk; // the chunk whose tiles the warp consumes
+    int slot = 0, par = 0;
+    // The walk (PERSIST): the tile loop leaves at a chunk marker too, and the
+    // marker's merge runs outside it, so the loop's body is the one-chunk
+    // form's (the merge's code inside it cost registers and speed).
 #pragma unroll 1
-    for (int slot = 0, par = 0;;) {
-        mbar_wait(wbar + slot, par);
-        const int4 dsc = wdesc[slot];
-        if (dsc.z & TCF_END) break;
-        if constexpr (PERSIST) {
-            if (dsc.z & TCF_CHUNK) {
-                // The end of chunk cur_chunk for this warp. Its partial goes
-                // into this marker's slot (the ring's other slots already
-                // stream the next chunk's tiles), the CTA merges the warps'
-                // partials as the last chunk's are merged (the same bits),
-                // and the warp starts the next chunk afresh.
-                float *mo_w = (float *)(wring + slot * C::SLOT);
-                warp_partial(mo_w, mo_w + MV * D);
-                if (lane == 0) msl[warp] = slot;
-                __syncthreads();
-                dec_cta_merge_at<NW, MV, D, true>(
-                    P, S, seq, cur_chunk, kvh, Mt,
-                    [&](int w, int m) -> const float * {
-                        return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + m * D;
-                    },
-                    [&](int w, int m) -> const float * {
-                        return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + MV * D + 2 * m;
-                    },
-                    false);
-                __syncthreads(); // every warp's marker slot is read: they may be refilled
-                reset_state();
-                cur_chunk += gx;
-                __syncwarp();
-                if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                issue(slot, true);
-                if (++slot == NSW) {
-                    slot = 0;
-                    par ^= 1;
-                }
-                continue;
-            }
-        }
-        const uint8_t *st = wring + slot * C::SLOT;
-        const int fl = dsc.z & 0xff, tl = dsc.z >> 8, tpos = dsc.y, rmask = (fl >> 1) & 3;
+    for (;;) {
+#pragma unroll 1
+        for (;;) {
+            mbar_wait(wbar + slot, par);
+            const int4 dsc = wdesc[slot];
+            if (dsc.z & TCF_END) break;
+            if (PERSIST && (dsc.z & TCF_CHUNK)) break;
+            const uint8_t *st = wring + slot * C::SLOT;
+            const int fl = dsc.z & 0xff, tl = dsc.z >> 8, tpos = dsc.y, rmask = (fl >> 1) & 3;
 
-        if (!(fl & TCF_FP)) {
-            // ======== quantized tile: QT tokens ========
-            if (fl & TCF_NEWBLK) { // fold the block's K steps into q, and its q.Z
-                const uint8_t *ksp = st + C::Q_KS;
-                // The lane's K steps (channels 32t .. 32t+31) and its q.Z / q.S
-                // MMA rows (zero row for even g, step row for odd g) as f16
-                // words. A bf16 cache takes this path too when every value
-                // of the block converts to f16 exactly (a warp vote; the same
-                // for every row, so decode and verify agree), else the
-                // scalar fold below.
-                uint32_t sw[16];
-                uint4 yv[4];
-                const uint8_t *ysrc = ksp + ((g8 & 1) ? 0 : 2 * D);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint4 v = *(const uint4 *)(ksp + 64 * t4 + 16 * i);
-                    sw[4 * i] = v.x;
-                    sw[4 * i + 1] = v.y;
-                    sw[4 * i + 2] = v.z;
-                    sw[4 * i + 3] = v.w;
-                    yv[i] = *(const uint4 *)(ysrc + 16 * (t4 + 4 * i));
-                }
-                bool fast = true;
-                if constexpr (!F16) {
-                    bool ok = true;
-#pragma unroll
-                    for (int i = 0; i < 16; i++) sw[i] = bf2_h2_exact(sw[i], ok);
+            if (!(fl & TCF_FP)) {
+                // ======== quantized tile: QT tokens ========
+                if (fl & TCF_NEWBLK) { // fold the block's K steps into q, and its q.Z
+                    const uint8_t *ksp = st + C::Q_KS;
+                    // The lane's K steps (channels 32t .. 32t+31) and its q.Z / q.S
+                    // MMA rows (zero row for even g, step row for odd g) as f16
+                    // words. A bf16 cache takes this path too when every value
+                    // of the block converts to f16 exactly (a warp vote; the same
+                    // for every row, so decode and verify agree), else the
+                    // scalar fold below.
+                    uint32_t sw[16];
+                    uint4 yv[4];
+                    const uint8_t *ysrc = ksp + ((g8 & 1) ? 0 : 2 * D);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        yv[i].x = bf2_h2_exact(yv[i].x, ok);
-                        yv[i].y = bf2_h2_exact(yv[i].y, ok);
-                        yv[i].z = bf2_h2_exact(yv[i].z, ok);
-                        yv[i].w = bf2_h2_exact(yv[i].w, ok);
+                        const uint4 v = *(const uint4 *)(ksp + 64 * t4 + 16 * i);
+                        sw[4 * i] = v.x;
+                        sw[4 * i + 1] = v.y;
+                        sw[4 * i + 2] = v.z;
+                        sw[4 * i + 3] = v.w;
+                        yv[i] = *(const uint4 *)(ysrc + 16 * (t4 + 4 * i));
                     }
-                    fast = __all_sync(0xffffffffu, ok);
-                }
-                if (fast) {
+                    bool fast = true;
+                    if constexpr (!F16) {
+                        bool ok = true;
 #pragma unroll
-                    for (int j = 0; j < NM; j++) {
-                        if (NM > 1 && j >= nact) continue;
-#pragma unroll
-                        for (int s = 0; s < 8; s++) {
-                            const int w = s >> 1, e = s & 1;
-                            // q's words 2s, 2s+1 (hi) and 16 + 2s, 16 + 2s + 1 (lo)
-                            const uint2 xh = *(const uint2 *)(qb_q(j) + ((s >> 1) * 32 + lane) * 4 + 2 * e);
-                            const uint2 xl = *(const uint2 *)(qb_q(j) + ((4 + (s >> 1)) * 32 + lane) * 4 + 2 * e);
-                            uint32_t sp[2];
-                            if (TGT) {
-                                sp[0] = prmt(sw[4 * w], sw[4 * w + 1], e ? 0x7632 : 0x5410);
-                                sp[1] = prmt(sw[4 * w + 2], sw[4 * w + 3], e ? 0x7632 : 0x5410);
-                            } else {
-                                sp[0] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x5410);
-                                sp[1] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x7632);
-                            }
-                            uint32_t hw[2], lw[2];
-#pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                // hi + lo = x * S to ~22 bits: hi rounded, lo the exact
-                                // product residual plus the low part of x times S
-                                const __half2 sv = u2h(sp[r]);
-                                const __half2 xhr = u2h(r ? xh.y : xh.x), xlr = u2h(r ? xl.y : xl.x);
-                                if (C::K1) { // x * S rounded once (x = xh + xl exactly; xl * S is tiny)
-                                    hw[r] = h2u(__hfma2(xhr, sv, __hmul2(xlr, sv)));
-                                    lw[r] = 0u;
-                                    continue;
-                                }
-                                const __half2 hi = __hmul2(xhr, sv);
-                                __half2 lo = __hfma2(xhr, sv, __hneg2(hi));
-                                lo = __hfma2(xlr, sv, lo);
-                                hw[r] = h2u(hi);
-                                lw[r] = h2u(lo);
-                            }
-                            qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
-                        }
-                        // q.Z (even rows) and q.S (odd rows) of tile j's 8 query
-                        // vectors by MMA: A = the zero / step row in the FP k map, B = q.
-                        float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        for (int i = 0; i < 16; i++) sw[i] = bf2_h2_exact(sw[i], ok);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-                            const uint4 y = yv[i];
-                            const uint4 fh = *(const uint4 *)(qb_fp(j) + (i * 32 + lane) * 4);       // words 4i .. 4i+3
-                            const uint4 fl = *(const uint4 *)(qb_fp(j) + ((4 + i) * 32 + lane) * 4); // 16 + 4i ..
-                            const uint32_t a0[4] = {y.x, y.x, y.y, y.y}, a1[4] = {y.z, y.z, y.w, y.w};
-                            mma16816(cz, a0, fh.x, fh.y);
-                            mma16816(cl, a0, fl.x, fl.y);
-                            mma16816(cz, a1, fh.z, fh.w);
-                            mma16816(cl, a1, fl.z, fl.w);
+                            yv[i].x = bf2_h2_exact(yv[i].x, ok);
+                            yv[i].y = bf2_h2_exact(yv[i].y, ok);
+                            yv[i].z = bf2_h2_exact(yv[i].z, ok);
+                            yv[i].w = bf2_h2_exact(yv[i].w, ok);
                         }
-#pragma unroll
-                        for (int i = 0; i < 4; i++) cz[i] += cl[i];
-                        const float x0 = __shfl_xor_sync(0xffffffffu, cz[0], 4);
-                        const float x1 = __shfl_xor_sync(0xffffffffu, cz[1], 4);
-                        const bool odd = g8 & 1;
-                        const float z0 = odd ? x0 : cz[0], z1 = odd ? x1 : cz[1];
-                        const float s0 = odd ? cz[0] : x0, s1 = odd ? cz[1] : x1;
-                        qz[j][0] = TGT ? fmaf(-0.5f, s0, z0) : z0; // C8 = code - 8: -8 * S/16 per channel
-                        qz[j][1] = TGT ? fmaf(-0.5f, s1, z1) : z1;
+                        fast = __all_sync(0xffffffffu, ok);
                     }
-                } else {
-                    // bf16 steps and zeros: f32 products, split into f16 hi + lo
+                    if (fast) {
 #pragma unroll
-                    for (int j = 0; j < NM; j++) {
-                        if (NM > 1 && j >= nact) continue;
-                        const float *x = qf + (TC_M * j + g8) * D;
-                        float zp = 0.0f, sp = 0.0f;
+                        for (int j = 0; j < NM; j++) {
+                            if (NM > 1 && j >= nact) continue;
 #pragma unroll
-                        for (int s = 0; s < 8; s++) {
-                            uint32_t hw[2], lw[2];
+                            for (int s = 0; s < 8; s++) {
+                                const int w = s >> 1, e = s & 1;
+                                // q's words 2s, 2s+1 (hi) and 16 + 2s, 16 + 2s + 1 (lo)
+                                const uint2 xh = *(const uint2 *)(qb_q(j) + ((s >> 1) * 32 + lane) * 4 + 2 * e);
+                                const uint2 xl = *(const uint2 *)(qb_q(j) + ((4 + (s >> 1)) * 32 + lane) * 4 + 2 * e);
+                                uint32_t sp[2];
+                                if (TGT) {
+                                    sp[0] = prmt(sw[4 * w], sw[4 * w + 1], e ? 0x7632 : 0x5410);
+                                    sp[1] = prmt(sw[4 * w + 2], sw[4 * w + 3], e ? 0x7632 : 0x5410);
+                                } else {
+                                    sp[0] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x5410);
+                                    sp[1] = prmt(sw[4 * w + e], sw[4 * w + 2 + e], 0x7632);
+                                }
+                                uint32_t hw[2], lw[2];
 #pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                float f;
-                                const int2 c = tc_qb_ch<TGT ? 1 : 0>(t4, 2 * s + r, f);
-                                const float sa = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.x)).x;
-                                const float sb = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.y)).x;
-                                const float a = x[c.x] * sa * f, b = x[c.y] * sb * f;
-                                const __half2 hi = __floats2half2_rn(a, b);
-                                const float2 hf = __half22float2(hi);
-                                hw[r] = h2u(hi);
-                                lw[r] = C::K1 ? 0u : h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                                for (int r = 0; r < 2; r++) {
+                                    // hi + lo = x * S to ~22 bits: hi rounded, lo the exact
+                                    // product residual plus the low part of x times S
+                                    const __half2 sv = u2h(sp[r]);
+                                    const __half2 xhr = u2h(r ? xh.y : xh.x), xlr = u2h(r ? xl.y : xl.x);
+                                    if (C::K1) { // x * S rounded once (x = xh + xl exactly; xl * S is tiny)
+                                        hw[r] = h2u(__hfma2(xhr, sv, __hmul2(xlr, sv)));
+                                        lw[r] = 0u;
+                                        continue;
+                                    }
+                                    const __half2 hi = __hmul2(xhr, sv);
+                                    __half2 lo = __hfma2(xhr, sv, __hneg2(hi));
+                                    lo = __hfma2(xlr, sv, lo);
+                                    hw[r] = h2u(hi);
+                                    lw[r] = h2u(lo);
+                                }
+                                qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
                             }
-                            qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
-                        }
-#pragma unroll 4
-                        for (int c = 32 * t4; c < 32 * t4 + 32; c += 2) {
-                            const float2 sv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * c));
-                            const float2 zv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * (D + c)));
-                            zp = fmaf(x[c], zv.x, fmaf(x[c + 1], zv.y, zp));
-                            sp = fmaf(x[c], sv.x, fmaf(x[c + 1], sv.y, sp));
-                        }
-                        zp += __shfl_xor_sync(0xffffffffu, zp, 1);
-                        zp += __shfl_xor_sync(0xffffffffu, zp, 2);
-                        sp += __shfl_xor_sync(0xffffffffu, sp, 1);
-                        sp += __shfl_xor_sync(0xffffffffu, sp, 2);
-                        // lane (g, t) now holds query vector 8j + g's sums; take 2t and 2t+1's
+                            // q.Z (even rows) and q.S (odd rows) of tile j's 8 query
+                            // vectors by MMA: A = the zero / step row in the FP k map, B = q.
+                            float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const float z = __shfl_sync(0xffffffffu, zp, 4 * (2 * t4 + h));
-                            const float s = __shfl_sync(0xffffffffu, sp, 4 * (2 * t4 + h));
-                            qz[j][h] = TGT ? fmaf(-0.5f, s, z) : z;
+                            for (int i = 0; i < 4; i++) {
+                                const uint4 y = yv[i];
+                                // words 4i .. 4i+3, and 16 + 4i ..
+                                const uint4 fh = *(const uint4 *)(qb_fp(j) + (i * 32 + lane) * 4);
+                                const uint4 fl = *(const uint4 *)(qb_fp(j) + ((4 + i) * 32 + lane) * 4);
+                                const uint32_t a0[4] = {y.x, y.x, y.y, y.y}, a1[4] = {y.z, y.z, y.w, y.w};
+                                mma16816(cz, a0, fh.x, fh.y);
+                                mma16816(cl, a0, fl.x, fl.y);
+                                mma16816(cz, a1, fh.z, fh.w);
+                                mma16816(cl, a1, fl.z, fl.w);
+                            }
+#pragma unroll
+                            for (int i = 0; i < 4; i++) cz[i] += cl[i];
+                            const float x0 = __shfl_xor_sync(0xffffffffu, cz[0], 4);
+                            const float x1 = __shfl_xor_sync(0xffffffffu, cz[1], 4);
+                            const bool odd = g8 & 1;
+                            const float z0 = odd ? x0 : cz[0], z1 = odd ? x1 : cz[1];
+                            const float s0 = odd ? cz[0] : x0, s1 = odd ? cz[1] : x1;
+                            qz[j][0] = TGT ? fmaf(-0.5f, s0, z0) : z0; // C8 = code - 8: -8 * S/16 per channel
+                            qz[j][1] = TGT ? fmaf(-0.5f, s1, z1) : z1;
+                        }
+                    } else {
+                        // bf16 steps and zeros: f32 products, split into f16 hi + lo
+#pragma unroll
+                        for (int j = 0; j < NM; j++) {
+                            if (NM > 1 && j >= nact) continue;
+                            const float *x = qf + (TC_M * j + g8) * D;
+                            float zp = 0.0f, sp = 0.0f;
+#pragma unroll
+                            for (int s = 0; s < 8; s++) {
+                                uint32_t hw[2], lw[2];
+#pragma unroll
+                                for (int r = 0; r < 2; r++) {
+                                    float f;
+                                    const int2 c = tc_qb_ch<TGT ? 1 : 0>(t4, 2 * s + r, f);
+                                    const float sa = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.x)).x;
+                                    const float sb = t2_f2<T>(*(const uint16_t *)(ksp + 2 * c.y)).x;
+                                    const float a = x[c.x] * sa * f, b = x[c.y] * sb * f;
+                                    const __half2 hi = __floats2half2_rn(a, b);
+                                    const float2 hf = __half22float2(hi);
+                                    hw[r] = h2u(hi);
+                                    lw[r] = C::K1 ? 0u : h2u(__floats2half2_rn(a - hf.x, b - hf.y));
+                                }
+                                qs_put(j, s, hw[0], hw[1], lw[0], lw[1]);
+                            }
+#pragma unroll 4
+                            for (int c = 32 * t4; c < 32 * t4 + 32; c += 2) {
+                                const float2 sv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * c));
+                                const float2 zv = t2_f2<T>(*(const uint32_t *)(ksp + 2 * (D + c)));
+                                zp = fmaf(x[c], zv.x, fmaf(x[c + 1], zv.y, zp));
+                                sp = fmaf(x[c], sv.x, fmaf(x[c + 1], sv.y, sp));
+                            }
+                            zp += __shfl_xor_sync(0xffffffffu, zp, 1);
+                            zp += __shfl_xor_sync(0xffffffffu, zp, 2);
+                            sp += __shfl_xor_sync(0xffffffffu, sp, 1);
+                            sp += __shfl_xor_sync(0xffffffffu, sp, 2);
+                            // lane (g, t) now holds query vector 8j + g's sums; take 2t and 2t+1's
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                const float z = __shfl_sync(0xffffffffu, zp, 4 * (2 * t4 + h));
+                                const float s = __shfl_sync(0xffffffffu, sp, 4 * (2 * t4 + h));
+                                qz[j][h] = TGT ? fmaf(-0.5f, s, z) : z;
+                            }
                         }
                     }
                 }
-            }
-            quant_sub(st, 0, tpos, tl, rmask);
-            if (QT == 64 && tl > 32) quant_sub(st, 32, tpos + 32, tl - 32, rmask);
-        } else {
-            // ======== FP tile: 16 tokens ========
-            if (qdom) {
-                to_values();
-                qdom = false;
-            }
-            float sc[NM][2][4];
+                quant_sub(st, 0, tpos, tl, rmask);
+                if (QT == 64 && tl > 32) quant_sub(st, 32, tpos + 32, tl - 32, rmask);
+            } else {
+                // ======== FP tile: 16 tokens ========
+                if (qdom) {
+                    to_values();
+                    qdom = false;
+                }
+                float sc[NM][2][4];
 #pragma unroll
-            for (int j = 0; j < NM; j++)
+                for (int j = 0; j < NM; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[j][0][i] = sc[j][1][i] = 0.0f;
+                    for (int i = 0; i < 4; i++) sc[j][0][i] = sc[j][1][i] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint8_t *kr = st + C::F_K + 256 * tg + 16 * (t4 + 4 * i);
-                const uint4 x0 = *(const uint4 *)kr, x1 = *(const uint4 *)(kr + 256 * 8);
-                const uint32_t w0[4] = {fp_pair_h<T>(x0.x), fp_pair_h<T>(x0.y), fp_pair_h<T>(x0.z),
-                                        fp_pair_h<T>(x0.w)};
-                const uint32_t w1[4] = {fp_pair_h<T>(x1.x), fp_pair_h<T>(x1.y), fp_pair_h<T>(x1.z),
-                                        fp_pair_h<T>(x1.w)};
-                const uint32_t a0[4] = {w0[0], w1[0], w0[1], w1[1]}, a1[4] = {w0[2], w1[2], w0[3], w1[3]};
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t *kr = st + C::F_K + 256 * tg + 16 * (t4 + 4 * i);
+                    const uint4 x0 = *(const uint4 *)kr, x1 = *(const uint4 *)(kr + 256 * 8);
+                    const uint32_t w0[4] = {fp_pair_h<T>(x0.x), fp_pair_h<T>(x0.y), fp_pair_h<T>(x0.z),
+                                            fp_pair_h<T>(x0.w)};
+                    const uint32_t w1[4] = {fp_pair_h<T>(x1.x), fp_pair_h<T>(x1.y), fp_pair_h<T>(x1.z),
+                                            fp_pair_h<T>(x1.w)};
+                    const uint32_t a0[4] = {w0[0], w1[0], w0[1], w1[1]}, a1[4] = {w0[2], w1[2], w0[3], w1[3]};
+#pragma unroll
+                    for (int j = 0; j < NM; j++) {
+                        if (NM > 1 && j >= nact) continue;
+                        // k-steps 2i, 2i+1: hi (fh) and lo (fl)
+                        const uint4 fh = *(const uint4 *)(qb_fp(j) + (i * 32 + lane) * 4);
+                        const uint4 fl = *(const uint4 *)(qb_fp(j) + ((4 + i) * 32 + lane) * 4);
+                        mma16816(sc[j][0], a0, fh.x, fh.y);
+                        mma16816(sc[j][1], a0, fl.x, fl.y);
+                        mma16816(sc[j][0], a1, fh.z, fh.w);
+                        mma16816(sc[j][1], a1, fl.z, fl.w);
+                    }
+                }
+                const float zero2[2] = {0.0f, 0.0f};
+                const bool full = tl == 16 && rmask == 0 && tpos + 15 <= S.pos0;
+                uint32_t pbf[NM][2];
 #pragma unroll
                 for (int j = 0; j < NM; j++) {
                     if (NM > 1 && j >= nact) continue;
-                    const uint4 fh = *(const uint4 *)(qb_fp(j) + (i * 32 + lane) * 4);       // k-steps 2i, 2i+1 (hi)
-                    const uint4 fl = *(const uint4 *)(qb_fp(j) + ((4 + i) * 32 + lane) * 4); // (lo)
-                    mma16816(sc[j][0], a0, fh.x, fh.y);
-                    mma16816(sc[j][1], a0, fl.x, fl.y);
-                    mma16816(sc[j][0], a1, fh.z, fh.w);
-                    mma16816(sc[j][1], a1, fl.z, fl.w);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        sc[j][0][i] += sc[j][1][i];
+                        sc[j][1][i] = 0.0f;
+                    }
+                    if (full)
+                        softmax(std::integral_constant<int, 1>{}, std::false_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
+                                rmask);
+                    else
+                        softmax(std::integral_constant<int, 1>{}, std::true_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
+                                rmask);
+                    pbf[j][0] = movm_t(h2u(__floats2half2_rn(sc[j][0][0], sc[j][0][1])));
+                    pbf[j][1] = movm_t(h2u(__floats2half2_rn(sc[j][0][2], sc[j][0][3])));
+                }
+                // V rows of tokens ta, ta + 8, ta ^ 1, (ta ^ 1) + 8, the lane's channels 16g .. 16g+15
+                uint32_t fw[4][8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int tk = (k & 2 ? ta ^ 1 : ta) + 8 * (k & 1);
+                    const uint8_t *vr = st + C::F_V + 256 * tk + 32 * g8;
+                    uint4 lo = *(const uint4 *)vr, hi = *(const uint4 *)(vr + 16);
+                    if (tk >= tl) lo = hi = make_uint4(0, 0, 0, 0); // unwritten slots may hold NaN
+                    fw[k][0] = fp_pair_h<T>(lo.x);
+                    fw[k][1] = fp_pair_h<T>(lo.y);
+                    fw[k][2] = fp_pair_h<T>(lo.z);
+                    fw[k][3] = fp_pair_h<T>(lo.w);
+                    fw[k][4] = fp_pair_h<T>(hi.x);
+                    fw[k][5] = fp_pair_h<T>(hi.y);
+                    fw[k][6] = fp_pair_h<T>(hi.z);
+                    fw[k][7] = fp_pair_h<T>(hi.w);
+                }
+                uint32_t av[8][4];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        // word 2q = channels (4q, 4q+1), word 2q+1 = (4q+2, 4q+3)
+                        av[q][2 * pr] = prmt(fw[pr][2 * q], fw[pr + 2][2 * q], 0x5410);
+                        av[q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x5410);
+                        av[4 + q][2 * pr] = prmt(fw[pr][2 * q], fw[pr + 2][2 * q], 0x7632);
+                        av[4 + q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x7632);
+                    }
+#pragma unroll
+                for (int j = 0; j < NM; j++) {
+                    if (NM > 1 && j >= nact) continue;
+#pragma unroll
+                    for (int b = 0; b < 8; b++) mma16816(acc[j][b], av[b], pbf[j][0], pbf[j][1]);
                 }
             }
-            const float zero2[2] = {0.0f, 0.0f};
-            const bool full = tl == 16 && rmask == 0 && tpos + 15 <= S.pos0;
-            uint32_t pbf[NM][2];
-#pragma unroll
-            for (int j = 0; j < NM; j++) {
-                if (NM > 1 && j >= nact) continue;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    sc[j][0][i] += sc[j][1][i];
-                    sc[j][1][i] = 0.0f;
-                }
-                if (full)
-                    softmax(std::integral_constant<int, 1>{}, std::false_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
-                            rmask);
-                else
-                    softmax(std::integral_constant<int, 1>{}, std::true_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
-                            rmask);
-                pbf[j][0] = movm_t(h2u(__floats2half2_rn(sc[j][0][0], sc[j][0][1])));
-                pbf[j][1] = movm_t(h2u(__floats2half2_rn(sc[j][0][2], sc[j][0][3])));
-            }
-            // V rows of tokens ta, ta + 8, ta ^ 1, (ta ^ 1) + 8, the lane's channels 16g .. 16g+15
-            uint32_t fw[4][8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int tk = (k & 2 ? ta ^ 1 : ta) + 8 * (k & 1);
-                const uint8_t *vr = st + C::F_V + 256 * tk + 32 * g8;
-                uint4 lo = *(const uint4 *)vr, hi = *(const uint4 *)(vr + 16);
-                if (tk >= tl) lo = hi = make_uint4(0, 0, 0, 0); // unwritten slots may hold NaN
-                fw[k][0] = fp_pair_h<T>(lo.x);
-                fw[k][1] = fp_pair_h<T>(lo.y);
-                fw[k][2] = fp_pair_h<T>(lo.z);
-                fw[k][3] = fp_pair_h<T>(lo.w);
-                fw[k][4] = fp_pair_h<T>(hi.x);
-                fw[k][5] = fp_pair_h<T>(hi.y);
-                fw[k][6] = fp_pair_h<T>(hi.z);
-                fw[k][7] = fp_pair_h<T>(hi.w);
-            }
-            uint32_t av[8][4];
-#pragma unroll
-            for (int pr = 0; pr < 2; pr++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    // word 2q = channels (4q, 4q+1), word 2q+1 = (4q+2, 4q+3)
-                    av[q][2 * pr] = prmt(fw[pr][2 * q], fw[pr + 2][2 * q], 0x5410);
-                    av[q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x5410);
-                    av[4 + q][2 * pr] = prmt(fw[pr][2 * q], fw[pr + 2][2 * q], 0x7632);
-                    av[4 + q][2 * pr + 1] = prmt(fw[pr][2 * q + 1], fw[pr + 2][2 * q + 1], 0x7632);
-                }
-#pragma unroll
-            for (int j = 0; j < NM; j++) {
-                if (NM > 1 && j >= nact) continue;
-#pragma unroll
-                for (int b = 0; b < 8; b++) mma16816(acc[j][b], av[b], pbf[j][0], pbf[j][1]);
+
+            // The slot is consumed: refill it with the tile NSW ahead.
+            __syncwarp();
+            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            issue(slot, true);
+            if (++slot == NSW) {
+                slot = 0;
+                par ^= 1;
             }
         }
-
-        // The slot is consumed: refill it with the tile NSW ahead.
-        __syncwarp();
-        if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        issue(slot, true);
-        if (++slot == NSW) {
-            slot = 0;
-            par ^= 1;
+        if constexpr (!PERSIST) break;
+        else {
+            if (wdesc[slot].z & TCF_END) break;
+            // The end of chunk cur_chunk for this warp (a marker). Its partial
+            // goes into the marker's slot (the ring's other slots already stream
+            // the next chunk's tiles), the CTA merges the warps' partials as the
+            // last chunk's are merged (the same bits), and the warp starts the
+            // next chunk afresh.
+            float *mo_w = (float *)(wring + slot * C::SLOT);
+            warp_partial(mo_w, mo_w + MV * D);
+            if (lane == 0) msl[warp] = slot;
+            __syncthreads();
+            dec_cta_merge_at<NW, MV, D, true>(
+                P, S, seq, cur_chunk, kvh, Mt,
+                [&](int w, int m) -> const float * {
+                    return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + m * D;
+                },
+                [&](int w, int m) -> const float * {
+                    return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + MV * D + 2 * m;
+                },
+                false);
+            __syncthreads(); // every warp's marker slot is read: they may be refilled
+            reset_state();
+            cur_chunk += gx;
+            __syncwarp();
+            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            issue(slot, true);
+            if (++slot == NSW) {
+                slot = 0;
+                par ^= 1;
+            }
         }
     }
     TC_TRACE(2);
