@@ -1008,6 +1008,17 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
 
     int cur_chunk = chunk; // the chunk whose tiles the warp consumes
     int slot = 0, par = 0;
+    // The consumed slot takes the warp's tile NSW ahead (the fence orders
+    // the lanes' generic reads of the slot before the async copies into it).
+    auto refill = [&]() {
+        __syncwarp();
+        if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        issue(slot, true);
+        if (++slot == NSW) {
+            slot = 0;
+            par ^= 1;
+        }
+    };
     // The walk (PERSIST): the tile loop leaves at a chunk marker too, and the
     // marker's merge runs outside it, so the loop's body is the one-chunk
     // form's (the merge's code inside it cost registers and speed).
@@ -1257,13 +1268,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             }
 
             // The slot is consumed: refill it with the tile NSW ahead.
-            __syncwarp();
-            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            issue(slot, true);
-            if (++slot == NSW) {
-                slot = 0;
-                par ^= 1;
-            }
+            refill();
         }
         if constexpr (!PERSIST) break;
         else {
@@ -1289,13 +1294,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             __syncthreads(); // every warp's marker slot is read: they may be refilled
             reset_state();
             cur_chunk += gx;
-            __syncwarp();
-            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            issue(slot, true);
-            if (++slot == NSW) {
-                slot = 0;
-                par ^= 1;
-            }
+            refill();
         }
     }
     TC_TRACE(2);
