@@ -947,19 +947,27 @@ __device__ __forceinline__ void dec_cta_merge_at(const pa_kp &P, const nb_pa_seq
     const int g = P.g;
     for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
         const int m = i / D, c = i - m * D;
+        // NOTE: every warp's (max, sum) and output are loaded first and its
+        // term is selected, not branched to: with a load inside a branch per
+        // warp the terms ran one after another (on an H200 a walk boundary's
+        // merge took ~0.8 us per round of outputs). The same terms in the same
+        // order (a warp with no sum adds nothing), so the same bits.
+        float mw[NW], lw[NW], ow[NW];
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            mw[w] = ml_at(w, m)[0];
+            lw[w] = ml_at(w, m)[1];
+            ow[w] = mo_at(w, m)[mo_col<SWZ>(m, c)];
+        }
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NW; w++)
-            if (ml_at(w, m)[1] > 0.0f) mx = fmaxf(mx, ml_at(w, m)[0]);
+        for (int w = 0; w < NW; w++) mx = lw[w] > 0.0f ? fmaxf(mx, mw[w]) : mx;
         float o = 0.0f, l = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; w++) {
-            const float lw = ml_at(w, m)[1];
-            if (lw > 0.0f) {
-                const float f = exp2f(ml_at(w, m)[0] - mx);
-                o = fmaf(mo_at(w, m)[mo_col<SWZ>(m, c)], f, o);
-                l = fmaf(lw, f, l);
-            }
+            const float f = exp2f(mw[w] - mx); // NaN or 0 where lw[w] <= 0: not used
+            o = lw[w] > 0.0f ? fmaf(ow[w], f, o) : o;
+            l = lw[w] > 0.0f ? fmaf(lw[w], f, l) : l;
         }
         if (P.n_chunks == 1 && !P.inv) {
             pa_out(P, ((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c, o / l);
