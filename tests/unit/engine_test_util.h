@@ -17,9 +17,19 @@
 // Exits 77 (skip) with a message unless ../shared/<rel> exists: a test
 // that needs the shared data as well as the models checks it before its
 // first check (a skip after a failed check would hide the failure).
+// A path built from the shared folder, or exit 1 when it does not fit
+// (a truncated path would look like a missing file and skip the test).
+static inline void etu_path(char *out, size_t cap, const char *a, const char *b) {
+    const int n = snprintf(out, cap, "%s/%s", a, b);
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "FAIL: path %s/%s is longer than %zu bytes\n", a, b, cap - 1);
+        exit(1);
+    }
+}
+
 static inline void etu_require_shared(const char *rel) {
     char path[1024];
-    snprintf(path, sizeof(path), "%s/%s", nb_test_shared_dir(), rel);
+    etu_path(path, sizeof(path), nb_test_shared_dir(), rel);
     struct stat sb;
     if (stat(path, &sb) != 0) {
         printf("SKIP: %s not found (set NB_SHARED_DIR to a shared/ folder with models/ and data/)\n", path);
@@ -30,9 +40,11 @@ static inline void etu_require_shared(const char *rel) {
 // Loads ../shared/models/<name>, or exits 77 (skip) with a message if absent.
 static inline nb_model *etu_load_model(const char *name) {
     char dir[1024], err[512];
-    snprintf(dir, sizeof(dir), "models/%s", name);
+    etu_path(dir, sizeof(dir), "models", name);
     etu_require_shared(dir);
-    snprintf(dir, sizeof(dir), "%s/models/%s", nb_test_shared_dir(), name);
+    char shared_models[1024];
+    etu_path(shared_models, sizeof(shared_models), nb_test_shared_dir(), "models");
+    etu_path(dir, sizeof(dir), shared_models, name);
     nb_model *m = NULL;
     if (nb_model_load(dir, &m, err, sizeof(err)) != NB_OK) {
         fprintf(stderr, "cannot load %s: %s\n", dir, err);
