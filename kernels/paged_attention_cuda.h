@@ -176,10 +176,14 @@ size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,
 // *grid_tokens: the max_tokens to pass (the chunks up to max_tokens rounded
 // up to a power of two, at most n_chunks: a bounded number of grid shapes,
 // no CTAs past the batch).
-// The engine's min_chunk_tokens: with a short max_seq_len, 256-token chunks
-// made the decode kernel's per-CTA prologue dominate (Llama-3-8B shape,
-// batch 8, 4k, max_seq_len 4.2k: 1088 CTAs a layer; docs/benchmarks.md).
-#define NB_PA_STEP_MIN_CHUNK_TOKENS 1024
+// The engine's min_chunk_tokens, so an engine with a short max_seq_len cuts
+// chunks as one for 128k does (2,048 tokens): 256-token chunks made the
+// decode kernel's per-CTA prologue dominate (session 22), and against
+// 1,024 tokens, 2,048 make batch-8 rounds 5-7% faster from 16k (fewer walk
+// boundaries and verify CTAs) for 0.5-2% at batch 1 up to 16k (fewer CTAs);
+// docs/decisions.md, session 46. NB_PA_STEP_MIN_TOKENS overrides it (the
+// engine and bench_attention_cuda read it).
+#define NB_PA_STEP_MIN_CHUNK_TOKENS 2048
 static inline void nb_pa_step_split(int32_t max_seq_len, int32_t G, int32_t max_chunks, int32_t min_chunk_tokens,
                                     int32_t max_tokens, int32_t *chunk_groups, int32_t *n_chunks,
                                     int32_t *grid_tokens) {

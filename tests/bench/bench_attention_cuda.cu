@@ -37,7 +37,10 @@
 //   chunks' tokens).
 //   --step-chunks N (2..128, default 64, the engine's ATTN_MAX_CHUNKS): the
 //   max_chunks the step split is derived from (chunks of ceil(groups / N)
-//   groups), to measure other fixed chunk sizes.
+//   groups, at least NB_PA_STEP_MIN_CHUNK_TOKENS = 2,048 tokens, or
+//   NB_PA_STEP_MIN_TOKENS from the environment as for the engine: N = 128
+//   gives 1,024-token chunks only with NB_PA_STEP_MIN_TOKENS=1024), to
+//   measure other fixed chunk sizes.
 //   --rows R (1..9, default 1; R > 1 needs --split step): a verify step
 //   instead of a decode step: each sequence's last R positions are query
 //   rows, cut into entries as the engine cuts them (nb_pa_step_entry_vectors
@@ -358,8 +361,11 @@ int main(int argc, char **argv) {
     // ATTN_MAX_CHUNKS 64 unless --step-chunks) for max_seq_len 131072.
     const int step_max_len = 131072;
     const bool step = !strcmp(split, "step");
+    // the engine's smallest step chunk, overridable as in backend_cuda.c
+    const char *min_env = getenv("NB_PA_STEP_MIN_TOKENS");
+    const int32_t step_min_tokens = min_env && atoi(min_env) > 0 ? atoi(min_env) : NB_PA_STEP_MIN_CHUNK_TOKENS;
     int32_t step_groups, step_n, step_unused;
-    nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, 1, &step_groups, &step_n,
+    nb_pa_step_split(step_max_len, G, step_max_chunks, step_min_tokens, 1, &step_groups, &step_n,
                      &step_unused);
     int mem_khz = 0, bus_bits = 0;
     CUDA_OK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0));
@@ -404,7 +410,7 @@ int main(int argc, char **argv) {
                     if (n_rows > 1) { // (step split) narrow entries x kv heads x grid chunks
                         const int ratio = Hq / hkv;
                         int32_t cg, nall, grid_tokens;
-                        nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, ctx, &cg, &nall,
+                        nb_pa_step_split(step_max_len, G, step_max_chunks, step_min_tokens, ctx, &cg, &nall,
                                          &grid_tokens);
                         // live CTAs of 8-, 16- and 24-vector cuts (chunks past
                         // the context return at once)
@@ -467,7 +473,7 @@ int main(int argc, char **argv) {
                     a.max_chunks = max_chunks;
                     if (step) { // as backend_cuda.c's step mode
                         int32_t grid_tokens;
-                        nb_pa_step_split(step_max_len, G, step_max_chunks, NB_PA_STEP_MIN_CHUNK_TOKENS, ctx, &step_groups,
+                        nb_pa_step_split(step_max_len, G, step_max_chunks, step_min_tokens, ctx, &step_groups,
                                          &step_n, &grid_tokens);
                         a.fixed_chunk_groups = step_groups;
                         a.max_tokens = grid_tokens;
