@@ -15,9 +15,9 @@
 //   - both products run on mma.sync m16n8k16 (f16 in, f32 accumulate), K and
 //     V codes entering as exact f16 SUBNORMALS (code * 2^-24) made by one
 //     AND (draft) or a byte permute (target) per pair of values;
-//   - the per-channel K steps fold into q once per block (target: three
-//     f16x2 ops per pair, q*S split exactly into hi + lo, two MMAs per
-//     k-step; draft: q*S rounded to one f16, one MMA per k-step, C::K1),
+//   - the per-channel K steps fold into q once per block (q*S rounded to
+//     one f16, one MMA per k-step, C::K1; the FP tiles' q split exactly
+//     into f16 hi + lo, two MMAs per k-step),
 //     the per-block q.Z (and for the target the -8 of C8 = code - 8) come
 //     from 16 MMAs of the zero / step rows against q, not from scalar loops;
 //   - the softmax weights reach the P.V operand through movmatrix (one
@@ -132,16 +132,18 @@ __device__ int g_pa_skip_merge; // timing experiments (NB_PA_SKIPMERGE): see the
 template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr bool QUANT = MODE != NB_PA_FP_ONLY;
     static constexpr bool TGT = MODE == NB_PA_TARGET;
-    // K1: the draft view's quantized K side takes q * S as ONE f16 per
-    // channel (relative error <= 2^-11, one MMA per k-step); the target and
-    // the FP tiles keep it as f16 hi + lo (~22 bits, two MMAs). The draft
-    // only proposes tokens, from 4-bit codes of 15 steps (docs/decisions.md).
-#if defined(NB_PA_TARGET_K1)
-    static constexpr bool K1 = QUANT; // diagnostic build: the target view too
-#elif !defined(NB_PA_DRAFT_K2)
-    static constexpr bool K1 = QUANT && !TGT;
+    // K1: the quantized K side takes q * S as ONE f16 per channel (relative
+    // error <= 2^-11, what fp16 attention pays by rounding q; one MMA per
+    // k-step); the FP tiles keep q as f16 hi + lo (~22 bits, two MMAs).
+    // The draft since session 42, the target since session 46: its error
+    // stays well under its 8-bit codes' own, and the verify's two- and
+    // three-tile entries gain most (docs/decisions.md).
+#if defined(NB_PA_DRAFT_K2)
+    static constexpr bool K1 = false; // diagnostic build: the session-41 hi + lo scores in both views
+#elif defined(NB_PA_TARGET_K2)
+    static constexpr bool K1 = QUANT && !TGT; // diagnostic build: the sessions 42-45 target (hi + lo)
 #else
-    static constexpr bool K1 = false; // diagnostic build: the session-41 hi + lo draft scores
+    static constexpr bool K1 = QUANT;
 #endif
     // CTAs per SM (1 or 2), warps per CTA and ring slots per warp, measured
     // on an H100 (docs/benchmarks.md, sessions 14-15): with one CTA per SM the
