@@ -157,15 +157,16 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     // CTA per SM only: verify entries of 9-16 or 17-24 query vectors) shares
     // each tile's copies and code unpacking among them; their q * S
     // fragments live in shared memory (registers would spill) and the ring
-    // has 2 slots, 1 for NM = 3 (shared memory: its q * S fragments take 96
-    // KB; with 255 registers it spills ~400 bytes, measured 4-17% faster
-    // than a two-tile plus a one-tile read anyway, docs/benchmarks.md,
-    // session 33). NW does not depend on NM: a row's warp split, so its
-    // bits, are those of the one-tile kernel.
+    // has 2 slots. With one q * S product (K1) a fragment is 8 bytes, so
+    // NM = 3's take 48 KB and leave room for the second slot (session 46);
+    // with hi + lo (NB_PA_TARGET_K2) they take 96 KB and NM = 3 has one
+    // slot (session 33: 255 registers and ~400 bytes of spill, still 4-17%
+    // faster than a two-tile plus a one-tile read). NW does not depend on
+    // NM: a row's warp split, so its bits, are those of the one-tile kernel.
     static_assert(CPS == 1 || CPS == 2, "one or two CTAs per SM");
     static_assert(NM == 1 || ((NM == 2 || NM == 3) && TGT && CPS == 1), "two or three tiles: the target view at one CTA per SM");
     static constexpr int NW = (TGT ? 8 : 12) / CPS;
-    static constexpr int NSW = TGT && CPS == 1 && NM == 1 ? 3 : NM == 3 ? 1 : 2;
+    static constexpr int NSW = TGT && CPS == 1 && NM == 1 ? 3 : NM == 3 && !K1 ? 1 : 2;
     static constexpr int NT = NW * 32;
     static constexpr int MV = TC_M * NM; // query vectors per CTA
     // Quantized tile: up to QT tokens (two 32-token sub-slices for the
@@ -186,11 +187,12 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr int WQ = 1, WF = !QUANT ? 1 : TGT ? 2 : 4;
     // Shared memory: per tile the q B fragments (2 maps x 32 words x 32
     // lanes), q * scale * log2(e) as f32 [MV][D], (NM > 1) each warp's
-    // per-block q * S fragments [NW][NM][8 k-steps][32 lanes][hi b0, hi b1,
-    // lo b0, lo b1], mbarriers, tile descriptors, the ring.
+    // per-block q * S fragments [NW][NM][8 k-steps][32 lanes][hi b0, hi b1
+    // (, lo b0, lo b1 without K1)], mbarriers, tile descriptors, the ring.
     static constexpr int QB_OFF = 0, QB_BYTES = NM * 2 * 32 * 32 * 4;
     static constexpr int QF_OFF = QB_OFF + QB_BYTES, QF_BYTES = MV * TC_D * 4;
-    static constexpr int QS_OFF = QF_OFF + QF_BYTES, QS_BYTES = NM > 1 ? NW * NM * 8 * 32 * 16 : 0;
+    static constexpr int QSE = K1 ? 8 : 16; // bytes of a lane's q * S fragment per k-step
+    static constexpr int QS_OFF = QF_OFF + QF_BYTES, QS_BYTES = NM > 1 ? NW * NM * 8 * 32 * QSE : 0;
     static constexpr int BAR_OFF = QS_OFF + QS_BYTES;
     static constexpr int DESC_OFF = BAR_OFF + NW * NSW * 8;
     static constexpr int MSL_OFF = DESC_OFF + NW * NSW * 16; // [NW] each warp's chunk-marker slot
@@ -198,13 +200,14 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr int SMEM = RING_OFF + NW * NSW * SLOT;
     static constexpr int MERGE_BYTES = NW * MV * TC_D * 4 + NW * MV * 2 * 4;
     // The CTA merge's outputs and (max, sum) pairs alias the ring; with three
-    // tiles the outputs alias the q * S fragments instead (neither holds
-    // anything live once every warp is out of its loop; the mbarriers
-    // between them are left alone).
-    static constexpr int MERGE_OFF = NM == 3 ? QS_OFF : RING_OFF;
-    static constexpr int MLP_OFF = NM == 3 ? RING_OFF : RING_OFF + NW * MV * TC_D * 4;
-    static_assert(NM == 3 ? NW * MV * TC_D * 4 <= QS_BYTES && NW * MV * 2 * 4 <= NW * NSW * SLOT
-                          : MERGE_BYTES <= NW * NSW * SLOT,
+    // tiles and a one-slot ring the outputs alias the q * S fragments instead
+    // (neither holds anything live once every warp is out of its loop; the
+    // mbarriers between them are left alone).
+    static constexpr bool MERGE_QS = NM == 3 && NSW == 1;
+    static constexpr int MERGE_OFF = MERGE_QS ? QS_OFF : RING_OFF;
+    static constexpr int MLP_OFF = MERGE_QS ? RING_OFF : RING_OFF + NW * MV * TC_D * 4;
+    static_assert(MERGE_QS ? NW * MV * TC_D * 4 <= QS_BYTES && NW * MV * 2 * 4 <= NW * NSW * SLOT
+                           : MERGE_BYTES <= NW * NSW * SLOT,
                   "the CTA merge area aliases the ring (NM = 3: and the q * S fragments)");
     static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
     // Several row-invariant chunks per CTA: the one-tile target and FP views
@@ -733,7 +736,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     // The current block's q * S B fragments (hi, lo) of tile j, k-step s:
     // registers with one tile, this warp's shared-memory area with two.
     uint32_t qsh[NM == 1 ? 16 : 1], qsl[NM == 1 ? 16 : 1];
-    uint4 *qsw = (uint4 *)(smem + C::QS_OFF) + (size_t)warp * NM * 8 * 32;
+    uint4 *qsw = (uint4 *)(smem + C::QS_OFF) + (size_t)warp * NM * 8 * 32;  // hi + lo (C::QSE 16)
+    uint2 *qsw1 = (uint2 *)(smem + C::QS_OFF) + (size_t)warp * NM * 8 * 32; // hi only (K1: C::QSE 8)
     auto qs_put = [&](int j, int s, uint32_t h0, uint32_t h1, uint32_t l0, uint32_t l1) {
         if constexpr (NM == 1) {
             qsh[2 * s] = h0;
@@ -741,12 +745,18 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             qsl[2 * s] = l0;
             qsl[2 * s + 1] = l1;
         } else {
-            qsw[(j * 8 + s) * 32 + lane] = make_uint4(h0, h1, l0, l1);
+            if constexpr (C::K1) qsw1[(j * 8 + s) * 32 + lane] = make_uint2(h0, h1);
+            else qsw[(j * 8 + s) * 32 + lane] = make_uint4(h0, h1, l0, l1);
         }
     };
     auto qs_get = [&](int j, int s) -> uint4 {
         if constexpr (NM == 1) return make_uint4(qsh[2 * s], qsh[2 * s + 1], qsl[2 * s], qsl[2 * s + 1]);
-        else return qsw[(j * 8 + s) * 32 + lane];
+        else if constexpr (C::K1) {
+            const uint2 h = qsw1[(j * 8 + s) * 32 + lane];
+            return make_uint4(h.x, h.y, 0u, 0u); // no lo part: K1 takes one MMA
+        } else {
+            return qsw[(j * 8 + s) * 32 + lane];
+        }
     };
     // Code domain -> values (exact powers of two). The accumulators hold
     // sum p * S_t * code * 2^-24 (P' = p * S_t, codes as subnormals): the
