@@ -905,13 +905,19 @@ template <int M> __device__ __forceinline__ void ld_w(float (&w)[M], const float
     }
 }
 
+// The CTA merge's scratch (dec_cta_merge_at): per query vector NW factors,
+// the merged sum and the output base, padded to 16 bytes.
+template <int NW> __device__ __host__ constexpr int dec_merge_fx_stride() { return (NW + 3 + 3) & ~3; }
+template <int NW, int M> __device__ __host__ constexpr int dec_merge_fx_floats() { return M * dec_merge_fx_stride<NW>(); }
+
 template <int D, int M> struct dec_smem {
     static constexpr int q = 0;                        // [M][D] q * scale * log2e
     static constexpr int qx = q + M * D * 4;           // [DNW][M][D/8][4] int8 words of q * S_c (warp's block)
     static constexpr int w = qx + DNW * M * D * 4;     // [DNW][32][M] weights of the warp's slice
     static constexpr int mo = w + DNW * 32 * M * 4;    // [DNW][M][D] warp partial outputs
     static constexpr int ml = mo + DNW * M * D * 4;    // [DNW][M][2] warp (max, sum)
-    static constexpr int bytes = ml + DNW * M * 2 * 4;
+    static constexpr int fx = (ml + DNW * M * 2 * 4 + 15) & ~15; // the CTA merge's scratch
+    static constexpr int bytes = fx + dec_merge_fx_floats<DNW, M>() * 4;
 };
 
 // Index of query vector m's partial (o, max, sum) of this chunk in the
@@ -936,57 +942,89 @@ template <bool SWZ> __device__ __forceinline__ int mo_col(int m, int c) {
 // batch-tuned chunk, else the chunk's partial for pa_merge_kernel. Merged
 // in a fixed warp order (deterministic).
 // dec_cta_merge_at reads warp w's row m through mo_at(w, m) (its D outputs,
-// columns placed by mo_col<SWZ>) and ml_at(w, m) (its max, sum); last: the
+// columns placed by mo_col<SWZ>) and ml_at(w, m) (its max, sum); fx is
+// scratch shared memory of dec_merge_fx_floats<NW, M>() floats (16-byte
+// aligned) that nothing else reads or writes during the call; last: the
 // CTA's last chunk (the merge kernel may then be scheduled).
+//
+// Two passes. First, per query vector (one thread each): the warps' max,
+// each warp's factor exp2(m_w - max) (-1 for a warp with no sum, which
+// adds nothing), the merged sum, and where the vector's outputs go. Then,
+// per output: the factors' weighted sum of the warps' outputs. The same
+// terms in the same order as one pass that did all of it per output
+// (sessions 45-46), so the same bits; but the per-vector work (16 shared
+// loads, the max, 8 exponentials, an integer division for the address)
+// ran once per output there: at a three-tile verify CTA's 20 vectors x 128
+// outputs that loop took ~10% of the kernel's instructions (session 47).
 template <int NW, int M, int D, bool SWZ, typename MO, typename ML>
 __device__ __forceinline__ void dec_cta_merge_at(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
-                                                 int Mt, MO mo_at, ML ml_at, bool last) {
+                                                 int Mt, MO mo_at, ML ml_at, float *fx, bool last) {
     // Every load of the chunk is done: the merge kernel may be scheduled
     // (it waits for this grid to complete before it reads a partial).
     if (last) nb_pdl::trigger();
+    constexpr int FS = dec_merge_fx_stride<NW>(); // per vector: NW factors, the sum, the output base (2 words)
     const int g = P.g;
-    for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
-        const int m = i / D, c = i - m * D;
-        // NOTE: every warp's (max, sum) and output are loaded first and its
-        // term is selected, not branched to: with a load inside a branch per
-        // warp the terms ran one after another (on an H200 a walk boundary's
-        // merge took ~0.8 us per round of outputs). The same terms in the same
-        // order (a warp with no sum adds nothing), so the same bits.
-        float mw[NW], lw[NW], ow[NW];
+    const bool single = P.n_chunks == 1 && !P.inv;
+    for (int m = threadIdx.x; m < Mt; m += NW * 32) {
+        float mw[NW], lw[NW];
 #pragma unroll
         for (int w = 0; w < NW; w++) {
             mw[w] = ml_at(w, m)[0];
             lw[w] = ml_at(w, m)[1];
-            ow[w] = mo_at(w, m)[mo_col<SWZ>(m, c)];
         }
         float mx = -INFINITY;
 #pragma unroll
         for (int w = 0; w < NW; w++) mx = lw[w] > 0.0f ? fmaxf(mx, mw[w]) : mx;
-        float o = 0.0f, l = 0.0f;
+        float l = 0.0f;
+        float *fm = fx + m * FS;
 #pragma unroll
         for (int w = 0; w < NW; w++) {
             const float f = exp2f(mw[w] - mx); // NaN or 0 where lw[w] <= 0: not used
-            o = lw[w] > 0.0f ? fmaf(ow[w], f, o) : o;
             l = lw[w] > 0.0f ? fmaf(lw[w], f, l) : l;
+            fm[w] = lw[w] > 0.0f ? f : -1.0f;
         }
-        if (P.n_chunks == 1 && !P.inv) {
-            pa_out(P, ((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D + c, o / l);
+        fm[NW] = l;
+        size_t base;
+        if (single) {
+            base = ((size_t)(S.row_off + m / g) * P.n_q_heads + kvh * g + m % g) * D;
         } else {
             const size_t pi = dec_pidx(P, seq, chunk, kvh, m);
-            P.ws_o[pi * D + c] = o;
-            if (c == 0) {
-                P.ws_ml[2 * pi] = mx;
-                P.ws_ml[2 * pi + 1] = l;
-            }
+            base = pi * D;
+            P.ws_ml[2 * pi] = mx;
+            P.ws_ml[2 * pi + 1] = l;
         }
+        fm[NW + 1] = __int_as_float((int)(uint32_t)base);
+        fm[NW + 2] = __int_as_float((int)(uint32_t)(base >> 32));
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Mt * D; i += NW * 32) {
+        const int m = i / D, c = i - m * D;
+        const float *fm = fx + m * FS;
+        float ow[NW], f[NW];
+        if constexpr (NW % 4 == 0) {
+#pragma unroll
+            for (int w = 0; w < NW; w += 4) *(float4 *)(f + w) = *(const float4 *)(fm + w);
+        } else {
+#pragma unroll
+            for (int w = 0; w < NW; w++) f[w] = fm[w];
+        }
+#pragma unroll
+        for (int w = 0; w < NW; w++) ow[w] = mo_at(w, m)[mo_col<SWZ>(m, c)];
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) o = !(f[w] < 0.0f) ? fmaf(ow[w], f[w], o) : o; // -1: a warp with no sum
+        const size_t base = (size_t)(uint32_t)__float_as_int(fm[NW + 1]) |
+                            ((size_t)(uint32_t)__float_as_int(fm[NW + 2]) << 32);
+        if (single) pa_out(P, base + c, o / fm[NW]);
+        else P.ws_o[base + c] = o;
     }
 }
 template <int NW, int M, int D, bool SWZ = false>
 __device__ __forceinline__ void dec_cta_merge(const pa_kp &P, const nb_pa_seq &S, int seq, int chunk, int kvh,
-                                              int Mt, const float *mo, const float *mlp) {
+                                              int Mt, const float *mo, const float *mlp, float *fx) {
     dec_cta_merge_at<NW, M, D, SWZ>(
         P, S, seq, chunk, kvh, Mt, [&](int w, int m) { return mo + (w * M + m) * D; },
-        [&](int w, int m) { return mlp + 2 * (w * M + m); }, true);
+        [&](int w, int m) { return mlp + 2 * (w * M + m); }, fx, true);
 }
 
 // An empty chunk still tells the merge it holds nothing.
@@ -1377,7 +1415,7 @@ __global__ void __launch_bounds__(DNT, (M == 1 && MODE == NB_PA_DRAFT ? 4 : 1)) 
         }
     }
     __syncthreads();
-    dec_cta_merge<DNW, M, D>(P, S, seq, chunk, kvh, Mt, mo, mlp);
+    dec_cta_merge<DNW, M, D>(P, S, seq, chunk, kvh, Mt, mo, mlp, (float *)(smem + SM::fx));
 }
 
 #include "paged_attention_tc.cuh"

@@ -206,14 +206,17 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static constexpr bool MERGE_QS = NM == 3 && NSW == 1;
     static constexpr int MERGE_OFF = MERGE_QS ? QS_OFF : RING_OFF;
     static constexpr int MLP_OFF = MERGE_QS ? RING_OFF : RING_OFF + NW * MV * TC_D * 4;
-    static_assert(MERGE_QS ? NW * MV * TC_D * 4 <= QS_BYTES && NW * MV * 2 * 4 <= NW * NSW * SLOT
-                           : MERGE_BYTES <= NW * NSW * SLOT,
+    static constexpr int FX_OFF = (MLP_OFF + NW * MV * 2 * 4 + 15) & ~15; // the CTA merge's scratch
+    static_assert(MERGE_QS ? NW * MV * TC_D * 4 <= QS_BYTES : MERGE_BYTES <= NW * NSW * SLOT,
                   "the CTA merge area aliases the ring (NM = 3: and the q * S fragments)");
+    static_assert(FX_OFF + dec_merge_fx_floats<NW, MV>() * 4 <= RING_OFF + NW * NSW * SLOT,
+                  "the CTA merge's (max, sum) pairs and scratch alias the ring");
     static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
     // Several row-invariant chunks per CTA: the one-tile target and FP views
     // (the draft's registers are at their cap: it spilled).
     static constexpr bool PERSIST = NM == 1 && MODE != NB_PA_DRAFT;
-    static_assert(!PERSIST || MV * TC_D * 4 + MV * 2 * 4 <= SLOT, "a warp's partial fits in its chunk marker's slot");
+    static_assert(!PERSIST || (MV * TC_D + MV * 2 + dec_merge_fx_floats<NW, MV>()) * 4 <= SLOT,
+                  "a warp's partial (and warp 0's: the CTA merge's scratch) fits in its chunk marker's slot");
 };
 
 // Descriptor flags of a tile (written by the warp's issuing lane per slot).
@@ -1302,7 +1305,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                 [&](int w, int m) -> const float * {
                     return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + MV * D + 2 * m;
                 },
-                false);
+                (float *)(ring + msl[0] * C::SLOT) + MV * D + 2 * MV, false);
             __syncthreads(); // every warp's marker slot is read: they may be refilled
             reset_state();
             cur_chunk += gx;
@@ -1334,7 +1337,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         return;
     }
 #endif
-    dec_cta_merge<NW, MV, D, true>(P, S, seq, cur_chunk, kvh, Mt, mo, mlp);
+    dec_cta_merge<NW, MV, D, true>(P, S, seq, cur_chunk, kvh, Mt, mo, mlp, (float *)(smem + C::FX_OFF));
     TC_TRACE(3);
     if constexpr (PERSIST) {
         for (int i = n_full; i < n_own; i++) dec_empty_chunk(P, seq, chunk + i * gx, kvh, Mt);

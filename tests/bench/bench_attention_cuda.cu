@@ -115,6 +115,20 @@ static void trace_report(void) {
         std::sort(v.begin(), v.end());
         return v[(size_t)(f * (v.size() - 1))];
     };
+    { // per CTA: its span, its loop (prologue end to warp 0 out), its merge (warp 0 out to partial written)
+        std::vector<double> span, loop, merge;
+        for (int i = 0; i < n; i++) {
+            if (!tr[W * i]) continue;
+            span.push_back((tr[W * i + 3] - tr[W * i]) * 1e-3);
+            loop.push_back(((double)tr[W * i + 2] - (double)tr[W * i + 1]) * 1e-3);
+            merge.push_back(((double)tr[W * i + 3] - (double)tr[W * i + 2]) * 1e-3);
+        }
+        if (!span.empty())
+            printf("  per CTA (us, min/med/max): span %.2f/%.2f/%.2f; loop %.2f/%.2f/%.2f; after the loop "
+                   "%.2f/%.2f/%.2f\n",
+                   q(span, 0), q(span, 0.5), q(span, 1), q(loop, 0), q(loop, 0.5), q(loop, 1), q(merge, 0),
+                   q(merge, 0.5), q(merge, 1));
+    }
     printf("  trace (us from the first CTA's start; min/med/max): %zu CTAs; start %.2f/%.2f/%.2f; prologue "
            "%.2f/%.2f/%.2f; loop end %.2f/%.2f/%.2f; CTA end %.2f/%.2f/%.2f\n",
            a.size(), q(a, 0), q(a, 0.5), q(a, 1), q(b, 0), q(b, 0.5), q(b, 1), q(c, 0), q(c, 0.5), q(c, 1),
