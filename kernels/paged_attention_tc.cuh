@@ -719,7 +719,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                 for (int i = 0; i < 4; i++) acc[j][b][i] = 0.0f;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                mrun[j][h] = -INFINITY;
+                mrun[j][h] = NM > 1 && j >= nact ? 0.0f : -INFINITY; // idle tiles: see softmax
                 lsum[j][h] = zsum[j][h] = qz[j][h] = 0.0f;
             }
         }
@@ -813,66 +813,101 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
         }
     };
 
-    // One online-softmax step over NMT score m-tiles of a tile. sc: raw MMA
-    // results (times ks, plus off[h], are the scores in log2 units). Returns
-    // the weights in sc. MASK: per-entry validity (tokens, query vectors,
-    // causality, the C_F1 row classes); unmasked tiles skip it.
-    auto softmax = [&](auto nmt_c, auto mask_c, int j, float (&sc)[2][4], float ks, const float (&off)[2], int tpos,
-                       int tl, int rmask) {
+    // One online-softmax step over NMT score m-tiles of a tile, for every
+    // query tile j at once. sc[j]: raw MMA results (times ks, plus off[j][h],
+    // are the scores in log2 units). Returns the weights in sc. MASK:
+    // per-entry validity (tokens, query vectors, causality, the C_F1 row
+    // classes); unmasked tiles skip it. The NM tiles' chains (max, three
+    // shuffles, the vote, the exponentials) are interleaved, not run one
+    // tile after another: each column's arithmetic is what a one-tile step
+    // computes for it, and a tile whose max did not rise is rescaled by
+    // exactly 1 when another tile's did. Tiles without query vectors (j >=
+    // nact) must hold -inf scores (their running max is 0): weights 0.
+    auto softmax = [&](auto nmt_c, auto mask_c, float (&sc)[NM][2][4], float ks, const float (&off)[NM][2],
+                       int tpos, int tl, int rmask) {
         constexpr int NMT = decltype(nmt_c)::value;
         constexpr bool MASK = decltype(mask_c)::value;
-        bool okv[2][4];
-        float mx[2] = {-INFINITY, -INFINITY};
+        bool okv[NM][2][4];
+        float mx[NM][2];
 #pragma unroll
-        for (int mt = 0; mt < NMT; mt++)
+        for (int j = 0; j < NM; j++) {
+            mx[j][0] = mx[j][1] = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                bool ok = true;
-                if constexpr (MASK) {
-                    const int tk = 16 * mt + tg + 8 * (i >> 1), h = i & 1;
-                    ok = qok[j][h] && tk < tl && tpos + tk <= qpos[j][h];
-                    if (rmask) ok = ok && (qpre[j][h] == (rmask == 1));
-                    if (!ok) sc[mt][i] = -INFINITY;
+            for (int mt = 0; mt < NMT; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    bool ok = true;
+                    if constexpr (MASK) {
+                        const int tk = 16 * mt + tg + 8 * (i >> 1), h = i & 1;
+                        ok = qok[j][h] && tk < tl && tpos + tk <= qpos[j][h];
+                        if (rmask) ok = ok && (qpre[j][h] == (rmask == 1));
+                        if (!ok) sc[j][mt][i] = -INFINITY;
+                    }
+                    okv[j][mt][i] = ok;
+                    mx[j][i & 1] = fmaxf(mx[j][i & 1], sc[j][mt][i]);
                 }
-                okv[mt][i] = ok;
-                mx[i & 1] = fmaxf(mx[i & 1], sc[mt][i]);
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
-            if (!MASK || mx[h] != -INFINITY) mx[h] = fmaf(mx[h], ks, off[h]);
         }
-        // The running max moves rarely after the first tiles: rescale only
-        // then (alpha == 1 exactly otherwise, so skipping is exact).
-        if (__any_sync(0xffffffffu, mx[0] > mrun[j][0] || mx[1] > mrun[j][1])) {
-            float alpha[2];
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+            for (int j = 0; j < NM; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) mx[j][h] = fmaxf(mx[j][h], __shfl_xor_sync(0xffffffffu, mx[j][h], o));
+        bool up = false;
+#pragma unroll
+        for (int j = 0; j < NM; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const float mnew = fmaxf(mrun[j][h], mx[h]);
-                alpha[h] = mnew == -INFINITY ? 1.0f : ex2_ftz(mrun[j][h] - mnew);
-                mrun[j][h] = mnew;
-                lsum[j][h] *= alpha[h];
-                zsum[j][h] *= alpha[h];
+                if (!MASK || mx[j][h] != -INFINITY) mx[j][h] = fmaf(mx[j][h], ks, off[j][h]);
+                up = up || mx[j][h] > mrun[j][h];
             }
+        // The running max moves rarely after the first tiles: rescale only
+        // then (alpha == 1 exactly otherwise, so skipping is exact).
+        if (__any_sync(0xffffffffu, up)) {
 #pragma unroll
-            for (int b = 0; b < 8; b++) {
-                acc[j][b][0] *= alpha[0];
-                acc[j][b][2] *= alpha[0];
-                acc[j][b][1] *= alpha[1];
-                acc[j][b][3] *= alpha[1];
+            for (int j = 0; j < NM; j++) {
+                float alpha[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float mnew = fmaxf(mrun[j][h], mx[j][h]);
+                    alpha[h] = mnew == -INFINITY ? 1.0f : ex2_ftz(mrun[j][h] - mnew);
+                    mrun[j][h] = mnew;
+                    lsum[j][h] *= alpha[h];
+                    zsum[j][h] *= alpha[h];
+                }
+#pragma unroll
+                for (int b = 0; b < 8; b++) {
+                    acc[j][b][0] *= alpha[0];
+                    acc[j][b][2] *= alpha[0];
+                    acc[j][b][1] *= alpha[1];
+                    acc[j][b][3] *= alpha[1];
+                }
             }
         }
-        const float o0 = off[0] - mrun[j][0], o1 = off[1] - mrun[j][1];
 #pragma unroll
-        for (int mt = 0; mt < NMT; mt++)
+        for (int j = 0; j < NM; j++) {
+            const float o0 = off[j][0] - mrun[j][0], o1 = off[j][1] - mrun[j][1];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float p = ex2_ftz(fmaf(sc[mt][i], ks, (i & 1) ? o1 : o0));
-                sc[mt][i] = (!MASK || okv[mt][i]) ? p : 0.0f;
-                lsum[j][i & 1] += sc[mt][i];
-            }
+            for (int mt = 0; mt < NMT; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float p = ex2_ftz(fmaf(sc[j][mt][i], ks, (i & 1) ? o1 : o0));
+                    sc[j][mt][i] = (!MASK || okv[j][mt][i]) ? p : 0.0f;
+                    lsum[j][i & 1] += sc[j][mt][i];
+                }
+        }
+    };
+    // Scores of the tiles without query vectors, -inf (softmax above).
+    auto idle_tiles_inf = [&](float (&sc)[NM][2][4]) {
+        if (NM > 1 && nact < NM) {
+#pragma unroll
+            for (int j = 1; j < NM; j++)
+                if (j >= nact)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) sc[j][mt][i] = -INFINITY;
+        }
     };
 
     // One 32-token sub-slice of a quantized tile: tokens [sb, sb + 32) of
@@ -914,8 +949,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                     const int s = 2 * w + e;
                     const uint32_t a[4] = {h0[2 * e], h1[2 * e], h0[2 * e + 1], h1[2 * e + 1]};
 #pragma unroll
-                    for (int j = 0; j < NM; j++) {
-                        if (NM > 1 && j >= nact) continue;
+                    for (int j = 0; j < NM; j++) { // every tile, active or not: see pb below
                         const uint4 qs = qs_get(j, s);
                         mma16816(sc[j][mt], a, qs.x, qs.y);
                         if (!C::K1) mma16816(sl2[j][mt], a, qs.z, qs.w);
@@ -937,20 +971,30 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             vzc[mt][1] = TGT ? fmaf(-0.5f, vsc[mt][1], vz1) : vz1;
         }
         const bool full = tl >= 32 && rmask == 0 && tpos + 31 <= S.pos0;
-        uint32_t pb[NM][2][2];
+        // NOTE: both products run their MMAs for every query tile, those
+        // without query vectors (j >= nact, a CTA of fewer rows than NM
+        // tiles hold) too: their scores are set to -inf and their weights
+        // (pb) come out 0, so their accumulators stay zero and the merge
+        // never reads them. Skipping them, a data-dependent branch around
+        // mma.sync, made the compiler put a WARPSYNC before each MMA: ~77 a
+        // three-tile tile, and without them the verify's attention ran 4-6%
+        // faster at Llama-3 batch 8 (session 47).
+        if (!C::K1) {
 #pragma unroll
-        for (int j = 0; j < NM; j++) {
-            if (NM > 1 && j >= nact) continue;
-            if (!C::K1) {
+            for (int j = 0; j < NM; j++)
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) sc[j][mt][i] += sl2[j][mt][i];
-            }
-            if (full)
-                softmax(std::integral_constant<int, 2>{}, std::false_type{}, j, sc[j], K24, qz[j], tpos, tl, rmask);
-            else
-                softmax(std::integral_constant<int, 2>{}, std::true_type{}, j, sc[j], K24, qz[j], tpos, tl, rmask);
+        }
+        idle_tiles_inf(sc);
+        if (full)
+            softmax(std::integral_constant<int, 2>{}, std::false_type{}, sc, K24, qz, tpos, tl, rmask);
+        else
+            softmax(std::integral_constant<int, 2>{}, std::true_type{}, sc, K24, qz, tpos, tl, rmask);
+        uint32_t pb[NM][2][2];
+#pragma unroll
+        for (int j = 0; j < NM; j++) {
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const float z0 = vzc[mt][0], z1 = vzc[mt][1];
@@ -1008,8 +1052,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                     }
                 }
 #pragma unroll
-                for (int j = 0; j < NM; j++) {
-                    if (NM > 1 && j >= nact) continue;
+                for (int j = 0; j < NM; j++) { // every tile (pb above)
                     mma16816(acc[j][q], ae, pb[j][mt][0], pb[j][mt][1]);
                     mma16816(acc[j][4 + q], ao, pb[j][mt][0], pb[j][mt][1]);
                 }
@@ -1226,23 +1269,25 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
                         mma16816(sc[j][1], a1, fl.z, fl.w);
                     }
                 }
-                const float zero2[2] = {0.0f, 0.0f};
                 const bool full = tl == 16 && rmask == 0 && tpos + 15 <= S.pos0;
-                uint32_t pbf[NM][2];
 #pragma unroll
-                for (int j = 0; j < NM; j++) {
-                    if (NM > 1 && j >= nact) continue;
+                for (int j = 0; j < NM; j++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         sc[j][0][i] += sc[j][1][i];
                         sc[j][1][i] = 0.0f;
                     }
-                    if (full)
-                        softmax(std::integral_constant<int, 1>{}, std::false_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
-                                rmask);
-                    else
-                        softmax(std::integral_constant<int, 1>{}, std::true_type{}, j, sc[j], 1.0f, zero2, tpos, tl,
-                                rmask);
+                idle_tiles_inf(sc);
+                float zoff[NM][2];
+#pragma unroll
+                for (int j = 0; j < NM; j++) zoff[j][0] = zoff[j][1] = 0.0f;
+                if (full)
+                    softmax(std::integral_constant<int, 1>{}, std::false_type{}, sc, 1.0f, zoff, tpos, tl, rmask);
+                else
+                    softmax(std::integral_constant<int, 1>{}, std::true_type{}, sc, 1.0f, zoff, tpos, tl, rmask);
+                uint32_t pbf[NM][2];
+#pragma unroll
+                for (int j = 0; j < NM; j++) {
                     pbf[j][0] = movm_t(h2u(__floats2half2_rn(sc[j][0][0], sc[j][0][1])));
                     pbf[j][1] = movm_t(h2u(__floats2half2_rn(sc[j][0][2], sc[j][0][3])));
                 }
