@@ -1008,6 +1008,9 @@ __device__ __forceinline__ void dec_cta_merge_at(const pa_kp &P, const nb_pa_seq
 #pragma unroll
             for (int w = 0; w < NW; w++) f[w] = fm[w];
         }
+        // NOTE: every warp's output is loaded first and its term selected,
+        // not branched to: with a load inside a branch per warp the terms
+        // ran one after another (session 45).
 #pragma unroll
         for (int w = 0; w < NW; w++) ow[w] = mo_at(w, m)[mo_col<SWZ>(m, c)];
         float o = 0.0f;
