@@ -1511,8 +1511,9 @@ void plan_units(pa_kp &kp, const nb_pa_args *a, int units_max, long base, long t
     kp.n_chunks = cdiv(units_max, kp.upc);
 }
 
-// CTAs per (entry, kv head) of a row-invariant call on the one-tile
-// tensor-core kernel (target and FP views). Where the call's pairs leave
+// CTAs per (entry, kv head) of a row-invariant call on the tensor-core
+// kernel (target and FP views; two- and three-tile target CTAs since
+// session 48: where a warp's partial then goes, tc_cfg). Where the call's pairs leave
 // room for at least two CTAs each in one wave, about one wave (slots /
 // pairs), each CTA walking its chunks c, c + gx, ... and streaming across
 // their boundaries: a chunk's end costs no drain of the copies in flight
@@ -1524,10 +1525,16 @@ void plan_units(pa_kp &kp, const nb_pa_args *a, int units_max, long base, long t
 // is the same bits whichever CTA computes it and after whichever chunk, so
 // the grid may follow the call's batch. NB_PA_TC_STEP_CTAS=N in the
 // environment forces N (tests, benchmarks; read per call).
-int step_ctas(int n_chunks, long pairs, long slots) {
+// min_walk: the fewest chunks a walking CTA may get, else one CTA per
+// chunk. 1 for one-tile CTAs; 4 for the verify's two- and three-tile
+// ones (session 48, H200, Llama-3 shape: walking 8 chunks a CTA 4-6%
+// faster at batch 8 from 32k, 4 chunks 2-5% at batch 8 16k and -1.3% /
+// +0.8% at batch 1 128k, but 2 chunks 5-7% slower at batch 1 64k).
+int step_ctas(int n_chunks, long pairs, long slots, int min_walk) {
     const char *e = getenv("NB_PA_TC_STEP_CTAS");
-    long gx = e && atoi(e) > 0 ? atoi(e) : slots / pairs;
-    if (!(e && atoi(e) > 0) && gx < 2) gx = n_chunks;
+    const bool forced = e && atoi(e) > 0;
+    long gx = forced ? atoi(e) : slots / pairs;
+    if (!forced && (gx < 2 || (long)n_chunks < gx * min_walk)) gx = n_chunks;
     if (gx < 1) gx = 1;
     if (gx > n_chunks) gx = n_chunks;
     return (int)gx;
@@ -1558,7 +1565,8 @@ nb_status tc_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
     // quantized tiles before they wait for it (see the prologue). Same bits
     // either way.
     kp.pdl = a->pdl && nb_pdl::env_switch("NB_PA_TC_PDL", true);
-    const int gx = kp.inv && C::PERSIST ? step_ctas(kp.n_chunks, (long)a->lay.n_kv_heads * a->n_seqs, (long)dev_sms * CPS)
+    const int gx = kp.inv && C::PERSIST ? step_ctas(kp.n_chunks, (long)a->lay.n_kv_heads * a->n_seqs,
+                                                    (long)dev_sms * CPS, NM == 1 ? 1 : 4)
                                      : kp.n_chunks;
     if constexpr (C::PERSIST) {
         if (gx < kp.n_chunks) { // CTAs walking several chunks: the form with the walk

@@ -212,11 +212,23 @@ template <typename T, int MODE, int CPS, int NM = 1> struct tc_cfg {
     static_assert(FX_OFF + dec_merge_fx_floats<NW, MV>() * 4 <= RING_OFF + NW * NSW * SLOT,
                   "the CTA merge's (max, sum) pairs and scratch alias the ring");
     static_assert(SMEM <= (CPS == 1 ? 227 : 113) * 1024, "CPS CTAs per SM");
-    // Several row-invariant chunks per CTA: the one-tile target and FP views
-    // (the draft's registers are at their cap: it spilled).
-    static constexpr bool PERSIST = NM == 1 && MODE != NB_PA_DRAFT;
-    static_assert(!PERSIST || (MV * TC_D + MV * 2 + dec_merge_fx_floats<NW, MV>()) * 4 <= SLOT,
-                  "a warp's partial (and warp 0's: the CTA merge's scratch) fits in its chunk marker's slot");
+    // Several row-invariant chunks per CTA (the walk): the one-tile target
+    // and FP views, and the target's two- and three-tile (verify) entries
+    // when they have two ring slots (K1). Not the draft: its registers are
+    // at their cap (it spilled).
+    static constexpr bool PERSIST = MODE != NB_PA_DRAFT && (NM == 1 || (K1 && NSW == 2));
+    // Where a warp's partial goes at a chunk marker: query vectors [0, WMV)
+    // in the marker's slot, then every vector's (max, sum); vectors [WMV,
+    // MV) in the warp's own q * S area (free there: the next chunk's first
+    // quantized tile refolds it), and warp 0's CTA-merge scratch after the
+    // partial, in the slot (one tile) or in the q * S area (two or three).
+    // A three-tile partial is 12 KB, more than a slot (session 47).
+    static constexpr int WMV = NM == 1 ? MV : 2 * TC_M;
+    static constexpr int QS_WARP = NM > 1 ? NM * 8 * 32 * QSE : 0; // bytes of a warp's q * S area
+    static_assert(!PERSIST || (WMV * TC_D + MV * 2 + (NM == 1 ? dec_merge_fx_floats<NW, MV>() : 0)) * 4 <= SLOT,
+                  "a warp's partial (one tile: and warp 0's CTA-merge scratch) fits in its chunk marker's slot");
+    static_assert(!PERSIST || NM == 1 || ((MV - WMV) * TC_D + dec_merge_fx_floats<NW, MV>()) * 4 <= QS_WARP,
+                  "the rest of a wide warp's partial and warp 0's CTA-merge scratch fit in its q * S area");
 };
 
 // Descriptor flags of a tile (written by the warp's issuing lane per slot).
@@ -390,7 +402,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     constexpr bool QUANT = C::QUANT, TGT = C::TGT;
     constexpr bool F16 = std::is_same<T, __half>::value;
     constexpr bool PERSIST = WALK; // several chunks per CTA (tc_launch, step_ctas)
-    static_assert(!WALK || C::PERSIST, "the walk: one-tile target and FP views");
+    static_assert(!WALK || C::PERSIST, "the walk: the target and FP views (wide target entries: K1)");
     constexpr int D = TC_D, RB = D / 2;
     constexpr float K24 = 16777216.0f; // 2^24: undoes the subnormal code scale
     extern __shared__ __align__(128) uint8_t smem[];
@@ -779,8 +791,10 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
 
     // The warp's partial of its chunk: the lanes' sums reduced, outputs
     // mo[m * D + mo_col<true>(m, c)] (unnormalized, in values) and mlp[2m],
-    // mlp[2m + 1] (max, sum) for query vectors m of its tiles.
-    auto warp_partial = [&](float *mo, float *mlp) {
+    // mlp[2m + 1] (max, sum) for query vectors m of its tiles; vectors m >=
+    // C::WMV go to mo_hi[(m - C::WMV) * D + ...] instead (the walk's markers:
+    // see tc_cfg; mo + C::WMV * D elsewhere).
+    auto warp_partial = [&](float *mo, float *mo_hi, float *mlp) {
         if (qdom) to_values();
 #pragma unroll
         for (int j = 0; j < NM; j++)
@@ -799,7 +813,8 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int h = i & 1, m = TC_M * j + 2 * t4 + h, c = tc_out_ch(g8, b, i >> 1);
-                    mo[m * D + mo_col<true>(m, c)] = acc[j][b][i] + zsum[j][h];
+                    float *row = TC_M * j < C::WMV ? mo + m * D : mo_hi + (m - C::WMV) * D; // j: unrolled
+                    row[mo_col<true>(m, c)] = acc[j][b][i] + zsum[j][h];
                 }
         if (g8 == 0) {
 #pragma unroll
@@ -1338,19 +1353,26 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
             // the next chunk's tiles), the CTA merges the warps' partials as the
             // last chunk's are merged (the same bits), and the warp starts the
             // next chunk afresh.
+            // Wide entries: vectors from C::WMV on (and warp 0's merge
+            // scratch) in the warp's q * S area (tc_cfg).
             float *mo_w = (float *)(wring + slot * C::SLOT);
-            warp_partial(mo_w, mo_w + MV * D);
+            float *qs_w = (float *)(smem + C::QS_OFF + (size_t)warp * C::QS_WARP);
+            warp_partial(mo_w, qs_w, mo_w + C::WMV * D);
             if (lane == 0) msl[warp] = slot;
             __syncthreads();
+            auto slot_of = [&](int w) -> const float * { return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT); };
             dec_cta_merge_at<NW, MV, D, true>(
                 P, S, seq, cur_chunk, kvh, Mt,
                 [&](int w, int m) -> const float * {
-                    return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + m * D;
+                    if constexpr (NM == 1) return slot_of(w) + m * D;
+                    else
+                        return m < C::WMV ? slot_of(w) + m * D
+                                          : (const float *)(smem + C::QS_OFF + (size_t)w * C::QS_WARP) + (m - C::WMV) * D;
                 },
-                [&](int w, int m) -> const float * {
-                    return (const float *)(ring + (w * NSW + msl[w]) * C::SLOT) + MV * D + 2 * m;
-                },
-                (float *)(ring + msl[0] * C::SLOT) + MV * D + 2 * MV, false);
+                [&](int w, int m) -> const float * { return slot_of(w) + C::WMV * D + 2 * m; },
+                NM == 1 ? (float *)(ring + msl[0] * C::SLOT) + MV * D + 2 * MV
+                        : (float *)(smem + C::QS_OFF) + (MV - C::WMV) * D,
+                false);
             __syncthreads(); // every warp's marker slot is read: they may be refilled
             reset_state();
             cur_chunk += gx;
@@ -1373,7 +1395,7 @@ __global__ void __launch_bounds__(tc_cfg<T, MODE, CPS, NM>::NT, CPS) pa_tc_kerne
     __syncthreads(); // every warp is done with its ring: the merge area aliases it
     float *mo = (float *)(smem + C::MERGE_OFF); // [NW][MV][D], columns placed by mo_col<true>
     float *mlp = (float *)(smem + C::MLP_OFF);
-    warp_partial(mo + warp * MV * D, mlp + 2 * warp * MV);
+    warp_partial(mo + warp * MV * D, mo + warp * MV * D + C::WMV * D, mlp + 2 * warp * MV);
     __syncthreads();
 #ifdef NB_PA_TRACE
     if (g_pa_skip_merge == 2) {
