@@ -68,8 +68,18 @@ struct pa_kp {
     int pdl; // the tensor-core decode kernel was launched with programmatic stream serialization
     void *ocvt; // nb_pa_args.out_cvt: outputs stored converted (pa_out)
     int ocvt_dt, ocvt_sat;
+    uint8_t *stage; // the prefill stage (nb_pa_args.stage) when pa_stage_kernel filled it for this call, else NULL
+    int stage_u;    // its groups per sequence
     pa_plan pl;
 };
+
+// Byte offset of token t of (sequence s, group u, kv head h, K | V kv) in
+// the prefill stage ([s][u][h][kv][G][D] f16, u < stage_u).
+__host__ __device__ __forceinline__ size_t pa_stage_off(const nb_kv_layout &lay, int stage_u, int s, int u, int h,
+                                                        int kv, int t) {
+    return (((((size_t)s * stage_u + u) * lay.n_kv_heads + h) * 2 + kv) * lay.group_size + t) * (size_t)lay.head_dim *
+           2;
+}
 
 // Output element i (index into [rows][n_q_heads][D]): f32 to P.out, or
 // converted to P.ocvt.
@@ -1673,6 +1683,19 @@ template <typename T, int MODE, bool WG> nb_status pf_launch(pa_kp &kp, const nb
     plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms * CPS);
     const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
     if (st != NB_OK) return st;
+    kp.stage = nullptr;
+    kp.stage_u = 0;
+    if constexpr (WG && MODE == NB_PA_TARGET) { // the prefill stage (nb_pa_args.stage)
+        const size_t need = nb_pa_prefill_stage_size(&a->lay, a->n_seqs, a->max_tokens);
+        if (a->stage && need > 0 && a->stage_bytes >= need && (uintptr_t)a->stage % 16 == 0 &&
+            nb_pdl::env_switch("NB_PA_PF_STAGE", true)) {
+            kp.stage = (uint8_t *)a->stage;
+            kp.stage_u = units_max;
+            pa_stage_kernel<T><<<dim3((unsigned)units_max, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs), 256, 0,
+                                 stream>>>(kp);
+            if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
+        }
+    }
     dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
     kern<<<grid, NTH, SMEM, stream>>>(kp);
     if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
@@ -1920,6 +1943,13 @@ extern "C" int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode 
     // tie reads the cache once (batch 1 64k: 4 against 7 waves, 2.3%).
     const int64_t w2 = (live_ctas[1] + sms - 1) / sms, w3 = (live_ctas[2] + sms - 1) / sms;
     return 7 * w3 <= 4 * w2 ? 3 * TC_M : 2 * TC_M;
+}
+
+extern "C" size_t nb_pa_prefill_stage_size(const nb_kv_layout *lay, int32_t n_seqs, int32_t max_tokens) {
+    if (!lay || n_seqs < 1 || max_tokens < 1 || lay->group_size < 1 || lay->head_dim < 1 || lay->n_kv_heads < 1)
+        return 0;
+    const int u = cdiv(max_tokens, lay->group_size) + 1;
+    return pa_stage_off(*lay, u, n_seqs, 0, 0, 0, 0);
 }
 
 extern "C" size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads,

@@ -135,6 +135,19 @@ typedef struct nb_pa_args {
     // quantized tiles before they wait for the kernel before them. Same
     // results either way. 0: an ordinary launch.
     int32_t pdl;
+    // Optional (NULL: unused): the prefill stage. A target-view call that
+    // takes the warpgroup prefill kernel (more than 8 query vectors per kv
+    // head, fixed_chunk_groups 0, D = 128, G % 64 == 0, f16/bf16) first
+    // dequantizes every quantized group its rows read (n_qblocks, and the
+    // pre-quantized C_F1) into f16 here, once, and the kernel then reads
+    // them as FP tiles: without it every CTA that reads a group (one per
+    // 128 query vectors of each kv head) dequantizes it again in its
+    // producer warps. The same f16 values either way, so the same output
+    // bits. Used when stage_bytes >= nb_pa_prefill_stage_size(&lay, n_seqs,
+    // max_tokens) (else the producer dequantizes); 16-byte aligned.
+    // NB_PA_PF_STAGE=0 in the environment turns it off (read per call).
+    void *stage;
+    size_t stage_bytes;
 } nb_pa_args;
 
 // Query vectors (rows x n_q_heads/n_kv_heads) per entry to cut a
@@ -167,6 +180,12 @@ int32_t nb_pa_step_entry_vectors(const nb_kv_layout *lay, nb_pa_mode mode, int32
 // split-K and the merge kernel).
 size_t nb_pa_workspace_size(int32_t n_seqs, int32_t max_rows, int32_t n_q_heads, int32_t head_dim,
                             int32_t max_chunks);
+
+// Bytes of the prefill stage (nb_pa_args.stage) for calls of up to n_seqs
+// sequences ending at or before max_tokens: per sequence ceil(max_tokens /
+// G) + 1 groups of K and V, f16, [seq][group][kv head][K | V][G][D]. 0 for
+// bad arguments.
+size_t nb_pa_prefill_stage_size(const nb_kv_layout *lay, int32_t n_seqs, int32_t max_tokens);
 
 // The row-invariant split a serving engine uses for its step passes
 // (worker/backend_cuda.c; bench_attention_cuda --split step reproduces it):

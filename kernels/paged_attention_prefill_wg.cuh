@@ -197,6 +197,51 @@ constexpr int PS_BAR_OFF = PS_Q_OFF + PW_MT * PF_QLD * 4;
 constexpr int PS_SMEM = PS_BAR_OFF + (2 * PS_NS + PS_NR) * 8 + 1024; // + alignment slack
 static_assert(PS_SMEM <= 227 * 1024, "one CTA per SM");
 
+// The prefill stage (nb_pa_args.stage, pf_launch): every quantized group
+// (n_qblocks, and the pre-quantized C_F1 when there is one) of this layer
+// that a call's rows read, dequantized once into the f16 values the
+// producer below stages from the same codes (pw_codes, pw_deq with the
+// clamp: where the producer's fast path runs, no value needs it), so
+// the kernel reads them as FP tiles and computes the same bits. Grid
+// (groups per sequence, kv heads, sequences), 256 threads; layout
+// pa_stage_off.
+template <typename T> __global__ void __launch_bounds__(256) pa_stage_kernel(const pa_kp P) {
+    const nb_kv_layout lay = P.lay;
+    const int u = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z, G = lay.group_size;
+    const nb_pa_seq S = P.seqs[seq];
+    if (u >= S.n_qblocks + (S.has_prequant != 0)) return;
+    const int block = P.qtab[S.qblock_off + u];
+    const uint8_t *sc = P.scales + nb_kv_scales_offset(&lay, P.layer, block, kvh, NB_KV_K_SCALE) * sizeof(T);
+    const uint8_t *ku = P.upper + nb_kv_plane_offset(&lay, P.layer, block, kvh, 0, 0);
+    const uint8_t *vu = P.upper + nb_kv_plane_offset(&lay, P.layer, block, kvh, 1, 0);
+    const uint8_t *kl = P.lower + nb_kv_plane_offset(&lay, P.layer, block, kvh, 0, 0);
+    const uint8_t *vl = P.lower + nb_kv_plane_offset(&lay, P.layer, block, kvh, 1, 0);
+    uint8_t *dk = P.stage + pa_stage_off(lay, P.stage_u, seq, u, kvh, 0, 0);
+    uint8_t *dv = P.stage + pa_stage_off(lay, P.stage_u, seq, u, kvh, 1, 0);
+    for (int i = threadIdx.x; i < G * 16; i += blockDim.x) {
+        const int r = i >> 4, j = i & 15; // word j (channels 8j..8j+7) of token row r
+        uint32_t k0, k1, v0, v1;
+        pw_codes(*(const uint32_t *)(ku + r * 64 + 4 * j), *(const uint32_t *)(kl + r * 64 + 4 * j), k0, k1);
+        pw_codes(*(const uint32_t *)(vu + r * 64 + 4 * j), *(const uint32_t *)(vl + r * 64 + 4 * j), v0, v1);
+        const uint4 a = *(const uint4 *)(sc + 16 * j), b = *(const uint4 *)(sc + TC_D * sizeof(T) + 16 * j);
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+        uint32_t ks[4], kz[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            ks[q] = pw_step2<T>(aw[q]);
+            kz[q] = pw_h2pair<T>(bw[q]);
+        }
+        const uint32_t rv = *(const uint16_t *)(sc + (2 * TC_D + r) * sizeof(T)) |
+                            ((uint32_t) * (const uint16_t *)(sc + (2 * TC_D + G + r) * sizeof(T)) << 16);
+        const __half2 sv = u2h(pw_step2<T>(rv)), zv = u2h(pw_h2pair<T>(rv));
+        const uint32_t s2 = h2u(__low2half2(sv)), z2 = h2u(__high2half2(zv));
+        *(uint4 *)(dk + r * 256 + 16 * j) = make_uint4(pw_deq<0, true>(k0, ks[0], kz[0]), pw_deq<2, true>(k0, ks[1], kz[1]),
+                                                       pw_deq<0, true>(k1, ks[2], kz[2]), pw_deq<2, true>(k1, ks[3], kz[3]));
+        *(uint4 *)(dv + r * 256 + 16 * j) = make_uint4(pw_deq<0, true>(v0, s2, z2), pw_deq<2, true>(v0, s2, z2),
+                                                       pw_deq<0, true>(v1, s2, z2), pw_deq<2, true>(v1, s2, z2));
+    }
+}
+
 template <typename T, int MODE>
 __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) {
     constexpr bool QUANT = MODE == NB_PA_TARGET;
@@ -231,11 +276,14 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         const int pt = tid; // 0..127
         // FP tile k: rows < tl straight into the swizzled tile of its slot
         // (f16 rows past tl zero-filled instead), by every producer thread
-        // with cp.async.
+        // with cp.async. With the prefill stage, quantized tiles come the
+        // same way, as f16, from their group's stage block.
         auto issue_fp = [&](int k, const pf_tile &x) {
             uint8_t *sl = smem + (k % PS_NS) * PS_SLOT;
-            const uint8_t *kg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 0, x.t0) * sizeof(T);
-            const uint8_t *vg = P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 1, x.t0) * sizeof(T);
+            const uint8_t *kg = x.fp ? P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 0, x.t0) * sizeof(T)
+                                     : P.stage + pa_stage_off(lay, P.stage_u, C.seq, x.unit, kvh, 0, x.t0);
+            const uint8_t *vg = x.fp ? P.fp + nb_kv_fp_offset(&lay, P.layer, x.block, kvh, 1, x.t0) * sizeof(T)
+                                     : P.stage + pa_stage_off(lay, P.stage_u, C.seq, x.unit, kvh, 1, x.t0);
 #pragma unroll
             for (int i = pt; i < PW_TT * 16; i += 128) {
                 const int r = i >> 4, j = i & 15;
@@ -268,7 +316,8 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         };
         // The chunk's quantized tiles come first (pf_cta::tile): tiles
         // 0..n_qt-1, so raw slot k % PS_NR is in phase (k / PS_NR) & 1.
-        const int n_qt = QUANT ? C.uq * (G / PW_TT) : 0;
+        const bool staged = QUANT && P.stage != nullptr; // quantized tiles come as f16 (pa_stage_kernel)
+        const int n_qt = QUANT && !staged ? C.uq * (G / PW_TT) : 0;
         if (pt == 0)
             for (int k = 0; k < min(PS_NR - 1, n_qt); k++) {
                 const pf_tile x = tile_get(k);
@@ -298,9 +347,9 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
             cp_commit();
             const pf_tile x = tile_get(k);
             uint8_t *sl = smem + (k % PS_NS) * PS_SLOT;
-            if (x.fp) {
+            if (x.fp || staged) {
                 cp_wait<1>(); // this thread's copies of tile k
-                if (!F16) { // bf16 -> f16 in place, the chunks this thread copied
+                if (!F16 && x.fp) { // bf16 -> f16 in place, the chunks this thread copied (staged tiles are f16)
 #pragma unroll
                     for (int i = pt; i < PW_TT * 16; i += 128) {
                         const int r = i >> 4, j = i & 15;
@@ -399,7 +448,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
             }
             fence_async_smem(); // the slot's tiles are read next by the tensor cores
             mbar_arrive(full + k % PS_NS);
-            if (!x.fp) asm volatile("bar.sync 1, 128;\n" ::: "memory"); // raw slot k % PS_NR read by all
+            if (!x.fp && !staged) asm volatile("bar.sync 1, 128;\n" ::: "memory"); // raw slot k % PS_NR read by all
         }
         cp_wait<0>();
         return;

@@ -197,6 +197,8 @@ typedef struct cuda_backend {
     void *xa_d, *xa_q; // converted inputs of the dense / quantized linear layers
     void *attn_ws;
     size_t attn_ws_bytes;
+    void *pf_stage;    // the prefill stage (nb_pa_args.stage), pf_stage_bytes; NULL: none
+    size_t pf_stage_bytes;
     bool ri_on;        // step-mode dense layers on nb_cuda_matmul_dense_ri (else cuBLAS slices)
     void *ri_ws;       // its workspace (k-split partial sums), ri_ws_bytes
     size_t ri_ws_bytes;
@@ -1428,6 +1430,8 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     pa.max_tokens = max_tokens;
     pa.workspace = be->attn_ws;
     pa.workspace_bytes = be->attn_ws_bytes;
+    pa.stage = be->pf_stage;
+    pa.stage_bytes = be->pf_stage_bytes;
     if (step) {
         // Fixed chunks of chunk_groups groups; the grid covers the chunks
         // of the longest entry, rounded up to a power of two, so a graph
@@ -1703,6 +1707,23 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     if (ws_prefill > ws) ws = ws_prefill;
     be->attn_ws_bytes = ws;
     if ((st = dev_alloc(be, &be->attn_ws, ws, err, err_len))) return st;
+    // The prefill stage: a quantized cache's groups dequantized once per
+    // prefill call and layer instead of in every CTA that reads them
+    // (nb_pa_args.stage; docs/decisions.md, session 48), sized for one
+    // sequence of max_seq_len (a batch of shorter ones fits too; calls
+    // that do not fit dequantize in the kernel as before). Only where the
+    // warpgroup prefill kernel runs (D 128, G % 64, f16/bf16 cache).
+    // NB_PREFILL_STAGE=0 in the environment leaves it out.
+    be->pf_stage = NULL;
+    be->pf_stage_bytes = 0;
+    {
+        const char *e = getenv("NB_PREFILL_STAGE");
+        if (cfg->bm->quantize && D == 128 && G % 64 == 0 && (kdt == NB_DTYPE_F16 || kdt == NB_DTYPE_BF16) &&
+            !(e && e[0] == '0')) {
+            be->pf_stage_bytes = nb_pa_prefill_stage_size(&cfg->layout, 1, cfg->max_seq_len);
+            if ((st = dev_alloc(be, &be->pf_stage, be->pf_stage_bytes, err, err_len))) return st;
+        }
+    }
 
     // Per-pass metadata and KV work staging.
     be->tab_cap = cfg->bm->max_seqs * (groups + 4);

@@ -298,6 +298,11 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
 // saturating and bf16, which must hold nb_dtype.h's conversion of each f32
 // output. Returns the number of failures (0 or 1).
 static int g_pdl = 0;             // nb_pa_args.pdl for run_cuda
+// run_cuda's prefill stage (nb_pa_args.stage): 0 none; 1 one of
+// nb_pa_prefill_stage_size bytes; 2 one 16 bytes short (the call must not
+// use it). Either way poisoned with NaN first, so a group the kernel reads
+// from it without having staged it shows.
+static int g_stage = 0;
 static int g_chain = 0; // 1|2: q comes from nb_cuda_rope_write_kv just before the call (2: synchronized between)
 static nb_dtype g_cvt_dt = NB_DTYPE_F32; // F16/BF16: run_cuda passes out_cvt (out NULL) and returns
 static int g_cvt_sat = 0;                // the 16-bit results as floats 0..65535
@@ -395,6 +400,14 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     CUDA_OK(cudaMalloc(&ws, wsb));
     CUDA_OK(cudaMemcpy(dq, q_h, qn * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xFF, qn * 4)); // NaN: every output must be written
+    void *dstage = NULL;
+    size_t stage_b = 0;
+    if (g_stage) {
+        stage_b = nb_pa_prefill_stage_size(&p->lay, n, max_tok);
+        CUDA_OK(cudaMalloc(&dstage, stage_b));
+        CUDA_OK(cudaMemset(dstage, 0xFF, stage_b));
+        if (g_stage == 2) stage_b -= 16;
+    }
     float *dqin = NULL, *dkv = NULL, *dfreq = NULL;
     int32_t *dpos = NULL, *dneg = NULL;
     if (g_chain) { // q_h is the rope's input; the skipped K/V rows write nothing (block -1)
@@ -443,6 +456,8 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     a.max_chunks = max_chunks;
     a.fixed_chunk_groups = g_fixed_groups;
     a.pdl = g_pdl;
+    a.stage = dstage;
+    a.stage_bytes = stage_b;
     if (g_cvt_dt != NB_DTYPE_F32) { // dout (poisoned) holds the 16-bit outputs
         a.out = NULL;
         a.out_cvt = dout;
@@ -476,7 +491,7 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
         for (size_t i = qn; i-- > 0;) out_h[i] = (float)h16[i]; // backwards: in place
     }
     cudaFree(dsq); cudaFree(dqt); cudaFree(dft); cudaFree(dq); cudaFree(dout); cudaFree(ws);
-    cudaFree(dqin); cudaFree(dkv); cudaFree(dfreq); cudaFree(dpos); cudaFree(dneg);
+    cudaFree(dqin); cudaFree(dkv); cudaFree(dfreq); cudaFree(dpos); cudaFree(dneg); cudaFree(dstage);
     free(sq); free(qt); free(ft);
     return st;
 }
@@ -640,6 +655,25 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
            big_v ? " (V zeros near 40000)" : "", worst,
            st != NB_OK ? " (launch failed)" : "");
     if (bad) g_fail++;
+    // The warpgroup kernel's target view with the prefill stage: every
+    // quantized group dequantized once by pa_stage_kernel into the f16
+    // values the producer makes, so the same bits as the call above; and
+    // a stage one 16 bytes short, which it must leave alone.
+    if (pf && pf_wg && mode == NB_PA_TARGET && st == NB_OK) {
+        float *out2 = (float *)malloc(qn * 4);
+        for (int sg = 1; sg <= 2; sg++) {
+            g_stage = sg;
+            const nb_status s2 = run_cuda(&p, layer, mode, cs, n, Hq, q, out2, total_rows, max_chunks, scale);
+            g_stage = 0;
+            const bool same = s2 == NB_OK && memcmp(out, out2, qn * 4) == 0;
+            printf("%s attention %-4s D=%-3d G=%-3d gqa=%d target  chunks<=%-2d: prefill stage %s: %s\n",
+                   same ? "ok  " : "FAIL", nb_dtype_name(dt), D, G, ratio, max_chunks,
+                   sg == 1 ? "used" : "16 bytes short (not used)",
+                   same ? "the same bits as the producer's dequantization" : "DIFFERENT output");
+            if (!same) g_fail++;
+        }
+        free(out2);
+    }
 
     const long mbad = check_merge_paths(&p, layer, mode, cs, n, Hq, q, ref, total_rows, max_chunks, scale, "batch");
     if (mbad) printf("FAIL attention %s D=%d G=%d gqa=%d %s chunks<=%d (batch): merge kernel paths\n",
@@ -902,17 +936,20 @@ static void test_real_model(void) {
                 }
                 // both decode kernels (tensor cores, scalar) / the three
                 // prefill kernels (warpgroup, mma.sync, scalar)
-                for (int kk = 0; kk < (ro == 2 ? 3 : 2); kk++) {
+                // (and the warpgroup one with the prefill stage, kk 3)
+                for (int kk = 0; kk < (ro == 2 ? 4 : 2); kk++) {
                     if (ro < 2)
                         setenv("NB_PA_TC", kk ? "0" : "1", 1);
-                    else if (kk == 0)
+                    else if (kk == 0 || kk == 3)
                         unsetenv("NB_PA_PF");
                     else
                         setenv("NB_PA_PF", kk == 1 ? "1" : "0", 1);
+                    g_stage = kk == 3;
                     if (run_cuda(&p, layer, (nb_pa_mode)mode, cs, n_seq, Hq, q, out, total_rows, 16,
                                  1.0f / sqrtf((float)D)) != NB_OK)
                         bad++;
-                    const bool tc = ro == 2 ? kk < 2 : kk == 0;
+                    g_stage = 0;
+                    const bool tc = ro == 2 ? kk != 2 : kk == 0;
                     g_atol = tc && D == 128 ? TC_ATOL : ATOL; // tensor cores: f16 weights
                     bad += cmp_vals(ref, out, qn, &worst);
                     g_atol = ATOL;
