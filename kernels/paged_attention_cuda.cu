@@ -1672,29 +1672,36 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
 // consumer warpgroups), 128 query vectors; else the mma.sync kernel, two
 // CTAs of 4 warps per SM, 64 query vectors each.
 template <typename T, int MODE, bool WG> nb_status pf_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
-    void (*kern)(const pa_kp) = WG ? pa_prefill_wg_kernel<T, MODE> : pa_prefill_kernel<T, MODE>;
+    const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+    // The prefill stage (nb_pa_args.stage): the warpgroup kernel's target
+    // view, where the call's sequences fit it.
+    bool stg = false;
+    if constexpr (WG && MODE == NB_PA_TARGET) {
+        const size_t need = nb_pa_prefill_stage_size(&a->lay, a->n_seqs, a->max_tokens);
+        stg = a->stage && need > 0 && a->stage_bytes >= need && (uintptr_t)a->stage % 16 == 0 &&
+              nb_pdl::env_switch("NB_PA_PF_STAGE", true);
+    }
+    void (*kern)(const pa_kp) = pa_prefill_kernel<T, MODE>;
+    if constexpr (WG) kern = pa_prefill_wg_kernel<T, MODE, false>;
+    if constexpr (WG && MODE == NB_PA_TARGET) {
+        if (stg) kern = pa_prefill_wg_kernel<T, MODE, true>;
+    }
     constexpr int SMEM = WG ? PS_SMEM : PF_SMEM, NTH = WG ? PS_NT : PF_NT, MT = WG ? PW_MT : PF_MT, CPS = WG ? 1 : 2;
-    static kern_dev kd;
-    if (kern_prepare(kd, kern, SMEM) != NB_OK) return NB_ERR_BACKEND;
+    static kern_dev kd, kd_stg; // per kernel: kern_prepare sets its shared-memory limit
+    kern_dev &kdk = stg ? kd_stg : kd;
+    if (kern_prepare(kdk, kern, SMEM) != NB_OK) return NB_ERR_BACKEND;
     const long M_max = (long)a->max_rows * kp.g;
     kp.pl.n_mtiles = (int)((M_max + MT - 1) / MT);
     if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
-    const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
-    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kd.sms * CPS);
+    plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kdk.sms * CPS);
     const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
     if (st != NB_OK) return st;
-    kp.stage = nullptr;
-    kp.stage_u = 0;
-    if constexpr (WG && MODE == NB_PA_TARGET) { // the prefill stage (nb_pa_args.stage)
-        const size_t need = nb_pa_prefill_stage_size(&a->lay, a->n_seqs, a->max_tokens);
-        if (a->stage && need > 0 && a->stage_bytes >= need && (uintptr_t)a->stage % 16 == 0 &&
-            nb_pdl::env_switch("NB_PA_PF_STAGE", true)) {
-            kp.stage = (uint8_t *)a->stage;
-            kp.stage_u = units_max;
-            pa_stage_kernel<T><<<dim3((unsigned)units_max, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs), 256, 0,
-                                 stream>>>(kp);
-            if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
-        }
+    kp.stage = stg ? (uint8_t *)a->stage : nullptr;
+    kp.stage_u = stg ? units_max : 0;
+    if (stg) {
+        pa_stage_kernel<T><<<dim3((unsigned)units_max, (unsigned)a->lay.n_kv_heads, (unsigned)a->n_seqs),
+                             PS_STAGE_NT, 0, stream>>>(kp);
+        if (cudaGetLastError() != cudaSuccess) return NB_ERR_BACKEND;
     }
     dim3 grid((unsigned)kp.n_chunks, (unsigned)(a->lay.n_kv_heads * kp.pl.n_mtiles), (unsigned)a->n_seqs);
     kern<<<grid, NTH, SMEM, stream>>>(kp);

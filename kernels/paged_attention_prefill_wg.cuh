@@ -179,10 +179,12 @@ constexpr int PS_NS = 3;   // ring slots
 // consumers' setmaxnreg.inc waiting forever. The producer's dequantization
 // of quantized tiles (target view), eight rows unrolled, needs 88; it only
 // copies for the FP-only view.
-__host__ __device__ constexpr int ps_preg(int mode) { return mode == NB_PA_TARGET ? 88 : 56; }
-__host__ __device__ constexpr int ps_creg(int mode) { return mode == NB_PA_TARGET ? 208 : 224; }
-static_assert(128 * ps_preg(NB_PA_TARGET) + 256 * ps_creg(NB_PA_TARGET) <= PS_NT * 168 &&
-                  128 * ps_preg(NB_PA_FP_ONLY) + 256 * ps_creg(NB_PA_FP_ONLY) <= PS_NT * 168,
+// With the prefill stage (STG) the producer only copies, as for the
+// FP-only view.
+__host__ __device__ constexpr int ps_preg(int mode, bool stg) { return mode == NB_PA_TARGET && !stg ? 88 : 56; }
+__host__ __device__ constexpr int ps_creg(int mode, bool stg) { return mode == NB_PA_TARGET && !stg ? 208 : 224; }
+static_assert(128 * ps_preg(NB_PA_TARGET, false) + 256 * ps_creg(NB_PA_TARGET, false) <= PS_NT * 168 &&
+                  128 * ps_preg(NB_PA_FP_ONLY, false) + 256 * ps_creg(NB_PA_FP_ONLY, false) <= PS_NT * 168,
               "setmaxnreg within the launch allocation");
 // Shared memory (from a 1024-byte aligned base): PS_NS slots of a staged
 // tile (K, V f16 swizzled), PS_NR raw slots (pf_raw: the quantized planes
@@ -203,9 +205,11 @@ static_assert(PS_SMEM <= 227 * 1024, "one CTA per SM");
 // producer below stages from the same codes (pw_codes, pw_deq with the
 // clamp: where the producer's fast path runs, no value needs it), so
 // the kernel reads them as FP tiles and computes the same bits. Grid
-// (groups per sequence, kv heads, sequences), 256 threads; layout
-// pa_stage_off.
-template <typename T> __global__ void __launch_bounds__(256) pa_stage_kernel(const pa_kp P) {
+// (groups per sequence, kv heads, sequences), PS_STAGE_NT threads, each
+// a quarter of a token row (32 channels: 16-byte loads of each plane) at
+// a time; layout pa_stage_off.
+constexpr int PS_STAGE_NT = 128;
+template <typename T> __global__ void __launch_bounds__(PS_STAGE_NT) pa_stage_kernel(const pa_kp P) {
     const nb_kv_layout lay = P.lay;
     const int u = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z, G = lay.group_size;
     const nb_pa_seq S = P.seqs[seq];
@@ -218,32 +222,51 @@ template <typename T> __global__ void __launch_bounds__(256) pa_stage_kernel(con
     const uint8_t *vl = P.lower + nb_kv_plane_offset(&lay, P.layer, block, kvh, 1, 0);
     uint8_t *dk = P.stage + pa_stage_off(lay, P.stage_u, seq, u, kvh, 0, 0);
     uint8_t *dv = P.stage + pa_stage_off(lay, P.stage_u, seq, u, kvh, 1, 0);
-    for (int i = threadIdx.x; i < G * 16; i += blockDim.x) {
-        const int r = i >> 4, j = i & 15; // word j (channels 8j..8j+7) of token row r
-        uint32_t k0, k1, v0, v1;
-        pw_codes(*(const uint32_t *)(ku + r * 64 + 4 * j), *(const uint32_t *)(kl + r * 64 + 4 * j), k0, k1);
-        pw_codes(*(const uint32_t *)(vu + r * 64 + 4 * j), *(const uint32_t *)(vl + r * 64 + 4 * j), v0, v1);
-        const uint4 a = *(const uint4 *)(sc + 16 * j), b = *(const uint4 *)(sc + TC_D * sizeof(T) + 16 * j);
-        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-        uint32_t ks[4], kz[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            ks[q] = pw_step2<T>(aw[q]);
-            kz[q] = pw_h2pair<T>(bw[q]);
-        }
+    for (int i = threadIdx.x; i < G * 4; i += PS_STAGE_NT) {
+        const int r = i >> 2, q = i & 3; // channels 32q .. 32q+31 (words 4q .. 4q+3) of token row r
+        const uint4 a_ku = *(const uint4 *)(ku + r * 64 + 16 * q), a_kl = *(const uint4 *)(kl + r * 64 + 16 * q);
+        const uint4 a_vu = *(const uint4 *)(vu + r * 64 + 16 * q), a_vl = *(const uint4 *)(vl + r * 64 + 16 * q);
+        const uint32_t w_ku[4] = {a_ku.x, a_ku.y, a_ku.z, a_ku.w}, w_kl[4] = {a_kl.x, a_kl.y, a_kl.z, a_kl.w};
+        const uint32_t w_vu[4] = {a_vu.x, a_vu.y, a_vu.z, a_vu.w}, w_vl[4] = {a_vl.x, a_vl.y, a_vl.z, a_vl.w};
+        // V's S/16 (low half) and Z (high half) of row r, broadcast as in the producer.
         const uint32_t rv = *(const uint16_t *)(sc + (2 * TC_D + r) * sizeof(T)) |
                             ((uint32_t) * (const uint16_t *)(sc + (2 * TC_D + G + r) * sizeof(T)) << 16);
         const __half2 sv = u2h(pw_step2<T>(rv)), zv = u2h(pw_h2pair<T>(rv));
         const uint32_t s2 = h2u(__low2half2(sv)), z2 = h2u(__high2half2(zv));
-        *(uint4 *)(dk + r * 256 + 16 * j) = make_uint4(pw_deq<0, true>(k0, ks[0], kz[0]), pw_deq<2, true>(k0, ks[1], kz[1]),
-                                                       pw_deq<0, true>(k1, ks[2], kz[2]), pw_deq<2, true>(k1, ks[3], kz[3]));
-        *(uint4 *)(dv + r * 256 + 16 * j) = make_uint4(pw_deq<0, true>(v0, s2, z2), pw_deq<2, true>(v0, s2, z2),
-                                                       pw_deq<0, true>(v1, s2, z2), pw_deq<2, true>(v1, s2, z2));
+        uint4 ok[4], ov[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            const int j = 4 * q + jj; // word j: channels 8j .. 8j+7
+            uint32_t k0, k1, v0, v1;
+            pw_codes(w_ku[jj], w_kl[jj], k0, k1);
+            pw_codes(w_vu[jj], w_vl[jj], v0, v1);
+            const uint4 a = *(const uint4 *)(sc + 16 * j), b = *(const uint4 *)(sc + TC_D * sizeof(T) + 16 * j);
+            const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+            uint32_t ks[4], kz[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                ks[c] = pw_step2<T>(aw[c]);
+                kz[c] = pw_h2pair<T>(bw[c]);
+            }
+            ok[jj] = make_uint4(pw_deq<0, true>(k0, ks[0], kz[0]), pw_deq<2, true>(k0, ks[1], kz[1]),
+                                pw_deq<0, true>(k1, ks[2], kz[2]), pw_deq<2, true>(k1, ks[3], kz[3]));
+            ov[jj] = make_uint4(pw_deq<0, true>(v0, s2, z2), pw_deq<2, true>(v0, s2, z2), pw_deq<0, true>(v1, s2, z2),
+                                pw_deq<2, true>(v1, s2, z2));
+        }
+        uint4 *ok4 = (uint4 *)(dk + r * 256 + 64 * q), *ov4 = (uint4 *)(dv + r * 256 + 64 * q);
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            ok4[jj] = ok[jj];
+            ov4[jj] = ov[jj];
+        }
     }
 }
 
-template <typename T, int MODE>
+// STG: the target view's quantized tiles come from the prefill stage
+// (pa_stage_kernel; P.stage), copied as FP tiles.
+template <typename T, int MODE, bool STG>
 __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) {
+    static_assert(!STG || MODE == NB_PA_TARGET, "the prefill stage: the target view");
     constexpr bool QUANT = MODE == NB_PA_TARGET;
     constexpr bool F16 = std::is_same<T, __half>::value;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -272,7 +295,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
     __syncthreads(); // barriers initialized, q staged: the last CTA-wide barrier
 
     if (warp < 4) { // ================= producer =================
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ps_preg(MODE)));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ps_preg(MODE, STG)));
         const int pt = tid; // 0..127
         // FP tile k: rows < tl straight into the swizzled tile of its slot
         // (f16 rows past tl zero-filled instead), by every producer thread
@@ -316,7 +339,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         };
         // The chunk's quantized tiles come first (pf_cta::tile): tiles
         // 0..n_qt-1, so raw slot k % PS_NR is in phase (k / PS_NR) & 1.
-        const bool staged = QUANT && P.stage != nullptr; // quantized tiles come as f16 (pa_stage_kernel)
+        constexpr bool staged = STG; // quantized tiles come as f16 (pa_stage_kernel)
         const int n_qt = QUANT && !staged ? C.uq * (G / PW_TT) : 0;
         if (pt == 0)
             for (int k = 0; k < min(PS_NR - 1, n_qt); k++) {
@@ -366,7 +389,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                         }
                     }
                 }
-            } else if (QUANT) {
+            } else if constexpr (QUANT && !STG) {
                 const uint8_t *rw = smem + PS_RAW_OFF + (k % PS_NR) * PS_RSLOT;
                 mbar_wait(rawfull + k % PS_NR, (k / PS_NR) & 1);
                 const int j = pt & 15, r0 = pt >> 4; // word j (channels 8j..8j+7) of rows r0 + 8k
@@ -455,7 +478,7 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
     }
 
     // ================= consumers =================
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ps_creg(MODE)));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ps_creg(MODE, STG)));
     const int cw = warp - 4;              // consumer warp 0..7
     const int wgm0 = 64 * (cw >> 2);      // this warpgroup's first query vector
     if (cw >> 2 >= n_cwg) return;         // no query vectors here

@@ -1363,6 +1363,7 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     int32_t *qt = (int32_t *)(mh + mo.qt), *ft = (int32_t *)(mh + mo.ft);
     int32_t *lrow = (int32_t *)(mh + mo.lrow);
     int r0 = 0, e = 0, nl = 0;
+    bool any_q = false; // a quantized group in some sequence's view (the prefill stage has work)
     n_qt = n_ft = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const nb_fwd_seq *fs = &b->seqs[s];
@@ -1382,6 +1383,7 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
             kvs[r0 + i] = idx % G;
         }
         const int pq = quant && v->prequant_block >= 0;
+        any_q = any_q || (quant && v->n_qblocks > 0) || pq;
         memcpy(qt + n_qt, v->qblocks, (size_t)v->n_qblocks * sizeof(int32_t));
         if (pq) qt[n_qt + v->n_qblocks] = v->prequant_block;
         memcpy(ft + n_ft, v->fpblocks, (size_t)v->n_fpblocks * sizeof(int32_t));
@@ -1430,8 +1432,10 @@ static nb_status cuda_forward(nb_backend *base, const nb_fwd_batch *b, char *err
     pa.max_tokens = max_tokens;
     pa.workspace = be->attn_ws;
     pa.workspace_bytes = be->attn_ws_bytes;
-    pa.stage = be->pf_stage;
-    pa.stage_bytes = be->pf_stage_bytes;
+    if (any_q) { // without quantized history the stage kernel would only launch
+        pa.stage = be->pf_stage;
+        pa.stage_bytes = be->pf_stage_bytes;
+    }
     if (step) {
         // Fixed chunks of chunk_groups groups; the grid covers the chunks
         // of the longest entry, rounded up to a power of two, so a graph
