@@ -31,7 +31,9 @@
 // at D = 128, G % 32 == 0, f16/bf16, target or FP-only view: a
 // tensor-core prefill kernel: where G % 64 == 0 warpgroup MMAs with a
 // producer warpgroup, which dequantizes the target view's tiles to f16
-// values (paged_attention_prefill_wg.cuh; prefill is compute-bound there),
+// values, or copies them from the prefill stage where the caller passes
+// one (nb_pa_args.stage: dequantized once per call by a kernel of their
+// own; paged_attention_prefill_wg.cuh; prefill is compute-bound there),
 // else FlashAttention-2 tiles on mma.sync with the code-domain folds
 // (paged_attention_prefill.cuh; NB_PA_PF=1 forces it, NB_PA_PF=0 the
 // scalar one). Everything else (the draft view with many rows, other D /
