@@ -1671,28 +1671,37 @@ template <typename T> nb_status tc_by_mode(pa_kp &kp, const nb_pa_args *a, cudaS
 // one wave. WG: the warpgroup kernel, one CTA per SM (a producer and two
 // consumer warpgroups), 128 query vectors; else the mma.sync kernel, two
 // CTAs of 4 warps per SM, 64 query vectors each.
+// The fewest m-tiles (CTAs per kv head, 128 query vectors each) for which
+// the prefill stage pays (session 48, H200, Llama-3 heads: at 8, 256-row
+// chunks, 0.91-0.93x from 16k of history and 0.99x at 4k; at 4, 128-row
+// chunks, 1.01-1.07x).
+constexpr int PF_STAGE_MIN_MTILES = 8;
 template <typename T, int MODE, bool WG> nb_status pf_launch(pa_kp &kp, const nb_pa_args *a, cudaStream_t stream) {
+    constexpr int SMEM = WG ? PS_SMEM : PF_SMEM, NTH = WG ? PS_NT : PF_NT, MT = WG ? PW_MT : PF_MT, CPS = WG ? 1 : 2;
     const int units_max = cdiv(a->max_tokens, a->lay.group_size) + (MODE == NB_PA_FP_ONLY ? 0 : 1);
+    const long M_max = (long)a->max_rows * kp.g;
+    kp.pl.n_mtiles = (int)((M_max + MT - 1) / MT);
+    if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
     // The prefill stage (nb_pa_args.stage): the warpgroup kernel's target
-    // view, where the call's sequences fit it.
+    // view, where the call's sequences fit it and each group would be
+    // dequantized by at least PF_STAGE_MIN_MTILES CTAs (the m-tiles of a
+    // kv head) without it. NB_PA_PF_STAGE=0 / 1 in the environment: never
+    // / wherever it fits (tests, benchmarks; read per call).
     bool stg = false;
     if constexpr (WG && MODE == NB_PA_TARGET) {
+        const char *e = getenv("NB_PA_PF_STAGE");
         const size_t need = nb_pa_prefill_stage_size(&a->lay, a->n_seqs, a->max_tokens);
         stg = a->stage && need > 0 && a->stage_bytes >= need && (uintptr_t)a->stage % 16 == 0 &&
-              nb_pdl::env_switch("NB_PA_PF_STAGE", true);
+              !(e && e[0] == '0') && (kp.pl.n_mtiles >= PF_STAGE_MIN_MTILES || (e && e[0] == '1'));
     }
     void (*kern)(const pa_kp) = pa_prefill_kernel<T, MODE>;
     if constexpr (WG) kern = pa_prefill_wg_kernel<T, MODE, false>;
     if constexpr (WG && MODE == NB_PA_TARGET) {
         if (stg) kern = pa_prefill_wg_kernel<T, MODE, true>;
     }
-    constexpr int SMEM = WG ? PS_SMEM : PF_SMEM, NTH = WG ? PS_NT : PF_NT, MT = WG ? PW_MT : PF_MT, CPS = WG ? 1 : 2;
     static kern_dev kd, kd_stg; // per kernel: kern_prepare sets its shared-memory limit
     kern_dev &kdk = stg ? kd_stg : kd;
     if (kern_prepare(kdk, kern, SMEM) != NB_OK) return NB_ERR_BACKEND;
-    const long M_max = (long)a->max_rows * kp.g;
-    kp.pl.n_mtiles = (int)((M_max + MT - 1) / MT);
-    if ((long)a->lay.n_kv_heads * kp.pl.n_mtiles > 65535) return NB_ERR_UNSUPPORTED;
     plan_units(kp, a, units_max, (long)a->n_seqs * a->lay.n_kv_heads * kp.pl.n_mtiles, (long)kdk.sms * CPS);
     const nb_status st = use_workspace(kp, a, TC_D, kp.n_chunks > 1);
     if (st != NB_OK) return st;

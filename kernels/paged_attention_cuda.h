@@ -146,8 +146,12 @@ typedef struct nb_pa_args {
     // 128 query vectors of each kv head) dequantizes it again in its
     // producer warps. The same f16 values either way, so the same output
     // bits. Used when stage_bytes >= nb_pa_prefill_stage_size(&lay, n_seqs,
-    // max_tokens) (else the producer dequantizes); 16-byte aligned.
-    // NB_PA_PF_STAGE=0 in the environment turns it off (read per call).
+    // max_tokens) and an entry has more than 896 query vectors per kv head
+    // (8 CTAs of 128; with fewer the producers' repeated work costs less
+    // than the stage's extra bytes); else the producer dequantizes.
+    // 16-byte aligned.
+    // NB_PA_PF_STAGE=0 / 1 in the environment: never / whatever the call's
+    // size (read per call).
     void *stage;
     size_t stage_bytes;
 } nb_pa_args;

@@ -298,7 +298,8 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
 // saturating and bf16, which must hold nb_dtype.h's conversion of each f32
 // output. Returns the number of failures (0 or 1).
 static int g_pdl = 0;             // nb_pa_args.pdl for run_cuda
-// run_cuda's prefill stage (nb_pa_args.stage): 0 none; 1 one of
+// run_cuda's prefill stage (nb_pa_args.stage), used wherever it fits
+// (NB_PA_PF_STAGE=1 for the call): 0 none; 1 one of
 // nb_pa_prefill_stage_size bytes; 2 one 16 bytes short (the call must not
 // use it). Either way poisoned with NaN first, so a group the kernel reads
 // from it without having staged it shows.
@@ -402,7 +403,9 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     CUDA_OK(cudaMemset(dout, 0xFF, qn * 4)); // NaN: every output must be written
     void *dstage = NULL;
     size_t stage_b = 0;
+    char *stage_env = getenv("NB_PA_PF_STAGE") ? strdup(getenv("NB_PA_PF_STAGE")) : NULL;
     if (g_stage) {
+        setenv("NB_PA_PF_STAGE", "1", 1); // wherever it fits, whatever the call's size
         stage_b = nb_pa_prefill_stage_size(&p->lay, n, max_tok);
         CUDA_OK(cudaMalloc(&dstage, stage_b));
         CUDA_OK(cudaMemset(dstage, 0xFF, stage_b));
@@ -485,6 +488,11 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     }
     nb_status st = nb_pa_attention(&a, 0);
     CUDA_OK(cudaDeviceSynchronize());
+    if (g_stage) {
+        if (stage_env) setenv("NB_PA_PF_STAGE", stage_env, 1);
+        else unsetenv("NB_PA_PF_STAGE");
+    }
+    free(stage_env);
     CUDA_OK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
     if (g_cvt_dt != NB_DTYPE_F32) {
         const uint16_t *h16 = (const uint16_t *)out_h;
