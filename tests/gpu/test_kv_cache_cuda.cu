@@ -304,6 +304,7 @@ static int g_pdl = 0;             // nb_pa_args.pdl for run_cuda
 // use it). Either way poisoned with NaN first, so a group the kernel reads
 // from it without having staged it shows.
 static int g_stage = 0;
+static int g_stage_written = 0; // after a call with g_stage: the kernel wrote some of the stage
 static int g_chain = 0; // 1|2: q comes from nb_cuda_rope_write_kv just before the call (2: synchronized between)
 static nb_dtype g_cvt_dt = NB_DTYPE_F32; // F16/BF16: run_cuda passes out_cvt (out NULL) and returns
 static int g_cvt_sat = 0;                // the 16-bit results as floats 0..65535
@@ -491,6 +492,13 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     if (g_stage) {
         if (stage_env) setenv("NB_PA_PF_STAGE", stage_env, 1);
         else unsetenv("NB_PA_PF_STAGE");
+        // Did the call stage anything (a byte no longer the 0xFF poison)?
+        const size_t full = nb_pa_prefill_stage_size(&p->lay, n, max_tok);
+        uint8_t *hs = (uint8_t *)malloc(full);
+        CUDA_OK(cudaMemcpy(hs, dstage, full, cudaMemcpyDeviceToHost));
+        g_stage_written = 0;
+        for (size_t i = 0; i < full && !g_stage_written; i++) g_stage_written = hs[i] != 0xFF;
+        free(hs);
     }
     free(stage_env);
     CUDA_OK(cudaMemcpy(out_h, dout, qn * 4, cudaMemcpyDeviceToHost));
@@ -669,16 +677,19 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     // a stage one 16 bytes short, which it must leave alone.
     if (pf && pf_wg && mode == NB_PA_TARGET && st == NB_OK) {
         float *out2 = (float *)malloc(qn * 4);
+        int n_qh = 0; // sequences with quantized history: the stage must be written
+        for (int i = 0; i < n; i++) n_qh += cs[i].nq + cs[i].pq > 0;
         for (int sg = 1; sg <= 2; sg++) {
             g_stage = sg;
             const nb_status s2 = run_cuda(&p, layer, mode, cs, n, Hq, q, out2, total_rows, max_chunks, scale);
             g_stage = 0;
             const bool same = s2 == NB_OK && memcmp(out, out2, qn * 4) == 0;
-            printf("%s attention %-4s D=%-3d G=%-3d gqa=%d target  chunks<=%-2d: prefill stage %s: %s\n",
-                   same ? "ok  " : "FAIL", nb_dtype_name(dt), D, G, ratio, max_chunks,
-                   sg == 1 ? "used" : "16 bytes short (not used)",
-                   same ? "the same bits as the producer's dequantization" : "DIFFERENT output");
-            if (!same) g_fail++;
+            const bool used_ok = g_stage_written == (sg == 1 && n_qh > 0);
+            printf("%s attention %-4s D=%-3d G=%-3d gqa=%d target  chunks<=%-2d: prefill stage %s: %s, stage %s\n",
+                   same && used_ok ? "ok  " : "FAIL", nb_dtype_name(dt), D, G, ratio, max_chunks,
+                   sg == 1 ? "given" : "16 bytes short", same ? "the same bits as the producer's dequantization" : "DIFFERENT output",
+                   g_stage_written ? "written" : "untouched");
+            if (!same || !used_ok) g_fail++;
         }
         free(out2);
     }
