@@ -124,6 +124,36 @@ template <int B, bool CLAMP> __device__ __forceinline__ uint32_t pw_deq(uint32_t
     if (CLAMP) v = __hmin2(__hmax2(v, __float2half2_rn(-65504.0f)), __float2half2_rn(65504.0f));
     return h2u(v);
 }
+// K's S/16 and Z of word j's channel pairs (ks, kz: f16 pairs) from the
+// 16 bytes of K steps and of K zeros that cover channels 8j..8j+7.
+template <typename T>
+__device__ __forceinline__ void pw_kscale(uint4 a, uint4 b, uint32_t (&ks)[4], uint32_t (&kz)[4]) {
+    const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        ks[i] = pw_step2<T>(aw[i]);
+        kz[i] = pw_h2pair<T>(bw[i]);
+    }
+}
+// One token row's word of K and of V (raw: K upper, K lower, V upper, V
+// lower words, pw_raw's order) dequantized to 8 f16 values each, with K's
+// ks, kz (pw_kscale) and the row's V step | V zero << 16 (rv): what the
+// producer stages and pa_stage_kernel writes, from one definition.
+template <typename T, bool CLAMP>
+__device__ __forceinline__ void pw_deq_word(uint4 raw, const uint32_t (&ks)[4], const uint32_t (&kz)[4], uint32_t rv,
+                                            uint4 &wk, uint4 &wv) {
+    uint32_t k0, k1, v0, v1;
+    pw_codes(raw.x, raw.y, k0, k1);
+    pw_codes(raw.z, raw.w, v0, v1);
+    // V's S/16 (low half) and Z (high half) of this row, broadcast by the
+    // fma's operand selectors.
+    const __half2 sv = u2h(pw_step2<T>(rv)), zv = u2h(pw_h2pair<T>(rv));
+    const uint32_t s2 = h2u(__low2half2(sv)), z2 = h2u(__high2half2(zv));
+    wk = make_uint4(pw_deq<0, CLAMP>(k0, ks[0], kz[0]), pw_deq<2, CLAMP>(k0, ks[1], kz[1]),
+                    pw_deq<0, CLAMP>(k1, ks[2], kz[2]), pw_deq<2, CLAMP>(k1, ks[3], kz[3]));
+    wv = make_uint4(pw_deq<0, CLAMP>(v0, s2, z2), pw_deq<2, CLAMP>(v0, s2, z2), pw_deq<0, CLAMP>(v1, s2, z2),
+                    pw_deq<2, CLAMP>(v1, s2, z2));
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -202,8 +232,8 @@ static_assert(PS_SMEM <= 227 * 1024, "one CTA per SM");
 // The prefill stage (nb_pa_args.stage, pf_launch): every quantized group
 // (n_qblocks, and the pre-quantized C_F1 when there is one) of this layer
 // that a call's rows read, dequantized once into the f16 values the
-// producer below stages from the same codes (pw_codes, pw_deq with the
-// clamp: where the producer's fast path runs, no value needs it), so
+// producer below stages from the same codes (pw_deq_word with the clamp:
+// where the producer's fast path runs, no value needs it), so
 // the kernel reads them as FP tiles and computes the same bits. Grid
 // (groups per sequence, kv heads, sequences), PS_STAGE_NT threads, each
 // a quarter of a token row (32 channels: 16-byte loads of each plane) at
@@ -228,30 +258,15 @@ template <typename T> __global__ void __launch_bounds__(PS_STAGE_NT) pa_stage_ke
         const uint4 a_vu = *(const uint4 *)(vu + r * 64 + 16 * q), a_vl = *(const uint4 *)(vl + r * 64 + 16 * q);
         const uint32_t w_ku[4] = {a_ku.x, a_ku.y, a_ku.z, a_ku.w}, w_kl[4] = {a_kl.x, a_kl.y, a_kl.z, a_kl.w};
         const uint32_t w_vu[4] = {a_vu.x, a_vu.y, a_vu.z, a_vu.w}, w_vl[4] = {a_vl.x, a_vl.y, a_vl.z, a_vl.w};
-        // V's S/16 (low half) and Z (high half) of row r, broadcast as in the producer.
         const uint32_t rv = *(const uint16_t *)(sc + (2 * TC_D + r) * sizeof(T)) |
                             ((uint32_t) * (const uint16_t *)(sc + (2 * TC_D + G + r) * sizeof(T)) << 16);
-        const __half2 sv = u2h(pw_step2<T>(rv)), zv = u2h(pw_h2pair<T>(rv));
-        const uint32_t s2 = h2u(__low2half2(sv)), z2 = h2u(__high2half2(zv));
         uint4 ok[4], ov[4];
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
             const int j = 4 * q + jj; // word j: channels 8j .. 8j+7
-            uint32_t k0, k1, v0, v1;
-            pw_codes(w_ku[jj], w_kl[jj], k0, k1);
-            pw_codes(w_vu[jj], w_vl[jj], v0, v1);
-            const uint4 a = *(const uint4 *)(sc + 16 * j), b = *(const uint4 *)(sc + TC_D * sizeof(T) + 16 * j);
-            const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
             uint32_t ks[4], kz[4];
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                ks[c] = pw_step2<T>(aw[c]);
-                kz[c] = pw_h2pair<T>(bw[c]);
-            }
-            ok[jj] = make_uint4(pw_deq<0, true>(k0, ks[0], kz[0]), pw_deq<2, true>(k0, ks[1], kz[1]),
-                                pw_deq<0, true>(k1, ks[2], kz[2]), pw_deq<2, true>(k1, ks[3], kz[3]));
-            ov[jj] = make_uint4(pw_deq<0, true>(v0, s2, z2), pw_deq<2, true>(v0, s2, z2), pw_deq<0, true>(v1, s2, z2),
-                                pw_deq<2, true>(v1, s2, z2));
+            pw_kscale<T>(*(const uint4 *)(sc + 16 * j), *(const uint4 *)(sc + TC_D * sizeof(T) + 16 * j), ks, kz);
+            pw_deq_word<T, true>(make_uint4(w_ku[jj], w_kl[jj], w_vu[jj], w_vl[jj]), ks, kz, rv, ok[jj], ov[jj]);
         }
         uint4 *ok4 = (uint4 *)(dk + r * 256 + 64 * q), *ov4 = (uint4 *)(dv + r * 256 + 64 * q);
 #pragma unroll
@@ -413,17 +428,8 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                     }
                 };
                 load_half(0);
-                uint32_t ks[4], kz[4];               // K's S/16 and Z of channel pairs, f16 pairs
-                {
-                    const uint4 a = *(const uint4 *)(rw + PWR::KS + 16 * j);
-                    const uint4 b = *(const uint4 *)(rw + PWR::KZ + 16 * j);
-                    const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        ks[i] = pw_step2<T>(aw[i]);
-                        kz[i] = pw_h2pair<T>(bw[i]);
-                    }
-                }
+                uint32_t ks[4], kz[4]; // K's S/16 and Z of channel pairs, f16 pairs
+                pw_kscale<T>(*(const uint4 *)(rw + PWR::KS + 16 * j), *(const uint4 *)(rw + PWR::KZ + 16 * j), ks, kz);
                 // No value (C - 8) S/16 + Z can round past +-65504 if |Z| and
                 // 16 S stay below 32000 (|C - 8| <= 247 < 256): this thread's
                 // K channels, and one V step or zero of the warp's 16 rows per
@@ -445,17 +451,8 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
                     for (int k8 = 0; k8 < 8; k8++) {
                         if (k8 == 4) load_half(1);
                         const int r = r0 + 8 * k8, q8 = k8 & 3;
-                        uint32_t k0, k1, v0, v1;
-                        pw_codes(rq[q8].x, rq[q8].y, k0, k1);
-                        pw_codes(rq[q8].z, rq[q8].w, v0, v1);
-                        // V's S/16 (low half) and Z (high half) of this row,
-                        // broadcast by the fma's operand selectors.
-                        const __half2 sv = u2h(pw_step2<T>(rv[q8])), zv = u2h(pw_h2pair<T>(rv[q8]));
-                        const uint32_t s2 = h2u(__low2half2(sv)), z2 = h2u(__high2half2(zv));
-                        uint4 wk = make_uint4(pw_deq<0, SLOW>(k0, ks[0], kz[0]), pw_deq<2, SLOW>(k0, ks[1], kz[1]),
-                                              pw_deq<0, SLOW>(k1, ks[2], kz[2]), pw_deq<2, SLOW>(k1, ks[3], kz[3]));
-                        uint4 wv = make_uint4(pw_deq<0, SLOW>(v0, s2, z2), pw_deq<2, SLOW>(v0, s2, z2),
-                                              pw_deq<0, SLOW>(v1, s2, z2), pw_deq<2, SLOW>(v1, s2, z2));
+                        uint4 wk, wv;
+                        pw_deq_word<T, SLOW>(rq[q8], ks, kz, rv[q8], wk, wv);
                         if (SLOW && r >= x.tl) wk = wv = make_uint4(0u, 0u, 0u, 0u);
                         *(uint4 *)(sl + pw_sw(r, j)) = wk;
                         *(uint4 *)(sl + PW_TILE + pw_sw(r, j)) = wv;

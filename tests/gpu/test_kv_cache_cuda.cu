@@ -300,9 +300,9 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
 static int g_pdl = 0;             // nb_pa_args.pdl for run_cuda
 // run_cuda's prefill stage (nb_pa_args.stage), used wherever it fits
 // (NB_PA_PF_STAGE=1 for the call): 0 none; 1 one of
-// nb_pa_prefill_stage_size bytes; 2 one 16 bytes short (the call must not
-// use it). Either way poisoned with NaN first, so a group the kernel reads
-// from it without having staged it shows.
+// nb_pa_prefill_stage_size bytes; 2 one 16 bytes short, 3 one 8 bytes off
+// 16-byte alignment (the call must use neither). Poisoned with NaN first,
+// so a group the kernel reads from it without having staged it shows.
 static int g_stage = 0;
 static int g_stage_written = 0; // after a call with g_stage: the kernel wrote some of the stage
 static int g_chain = 0; // 1|2: q comes from nb_cuda_rope_write_kv just before the call (2: synchronized between)
@@ -408,8 +408,8 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     if (g_stage) {
         setenv("NB_PA_PF_STAGE", "1", 1); // wherever it fits, whatever the call's size
         stage_b = nb_pa_prefill_stage_size(&p->lay, n, max_tok);
-        CUDA_OK(cudaMalloc(&dstage, stage_b));
-        CUDA_OK(cudaMemset(dstage, 0xFF, stage_b));
+        CUDA_OK(cudaMalloc(&dstage, stage_b + 16));
+        CUDA_OK(cudaMemset(dstage, 0xFF, stage_b + 16));
         if (g_stage == 2) stage_b -= 16;
     }
     float *dqin = NULL, *dkv = NULL, *dfreq = NULL;
@@ -460,7 +460,7 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
     a.max_chunks = max_chunks;
     a.fixed_chunk_groups = g_fixed_groups;
     a.pdl = g_pdl;
-    a.stage = dstage;
+    a.stage = g_stage == 3 ? (uint8_t *)dstage + 8 : dstage;
     a.stage_bytes = stage_b;
     if (g_cvt_dt != NB_DTYPE_F32) { // dout (poisoned) holds the 16-bit outputs
         a.out = NULL;
@@ -493,7 +493,7 @@ static nb_status run_cuda(const pools_hd *p, int layer, nb_pa_mode mode, const s
         if (stage_env) setenv("NB_PA_PF_STAGE", stage_env, 1);
         else unsetenv("NB_PA_PF_STAGE");
         // Did the call stage anything (a byte no longer the 0xFF poison)?
-        const size_t full = nb_pa_prefill_stage_size(&p->lay, n, max_tok);
+        const size_t full = nb_pa_prefill_stage_size(&p->lay, n, max_tok) + 16;
         uint8_t *hs = (uint8_t *)malloc(full);
         CUDA_OK(cudaMemcpy(hs, dstage, full, cudaMemcpyDeviceToHost));
         g_stage_written = 0;
@@ -674,12 +674,12 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     // The warpgroup kernel's target view with the prefill stage: every
     // quantized group dequantized once by pa_stage_kernel into the f16
     // values the producer makes, so the same bits as the call above; and
-    // a stage one 16 bytes short, which it must leave alone.
+    // a stage 16 bytes short or misaligned, which it must leave alone.
     if (pf && pf_wg && mode == NB_PA_TARGET && st == NB_OK) {
         float *out2 = (float *)malloc(qn * 4);
         int n_qh = 0; // sequences with quantized history: the stage must be written
         for (int i = 0; i < n; i++) n_qh += cs[i].nq + cs[i].pq > 0;
-        for (int sg = 1; sg <= 2; sg++) {
+        for (int sg = 1; sg <= 3; sg++) {
             g_stage = sg;
             const nb_status s2 = run_cuda(&p, layer, mode, cs, n, Hq, q, out2, total_rows, max_chunks, scale);
             g_stage = 0;
@@ -687,7 +687,8 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
             const bool used_ok = g_stage_written == (sg == 1 && n_qh > 0);
             printf("%s attention %-4s D=%-3d G=%-3d gqa=%d target  chunks<=%-2d: prefill stage %s: %s, stage %s\n",
                    same && used_ok ? "ok  " : "FAIL", nb_dtype_name(dt), D, G, ratio, max_chunks,
-                   sg == 1 ? "given" : "16 bytes short", same ? "the same bits as the producer's dequantization" : "DIFFERENT output",
+                   sg == 1 ? "given" : sg == 2 ? "16 bytes short" : "misaligned",
+                   same ? "the same bits as the producer's dequantization" : "DIFFERENT output",
                    g_stage_written ? "written" : "untouched");
             if (!same || !used_ok) g_fail++;
         }
