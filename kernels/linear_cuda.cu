@@ -78,8 +78,26 @@ struct WqParams {
 struct WqRopeParams : WqParams {
     nb_cuda_wq_rope rope;
 };
-constexpr int kEpiPlain = 0, kEpiSwiglu = 1, kEpiRope = 2;
-template <int EPI> using WqP = typename std::conditional<EPI == kEpiRope, WqRopeParams, WqParams>::type;
+// kEpiRes (nb_cuda_matmul_wq_res): the plain outputs added into the f32
+// residual stream, which also yields the next RMSNorm's unscaled f16 input
+// and the blocks' partial sums of squares; see WqResParams.
+constexpr int kEpiPlain = 0, kEpiSwiglu = 1, kEpiRope = 2, kEpiRes = 3;
+struct WqResParams : WqParams {
+    nb_cuda_wq_res res;
+};
+template <int EPI>
+using WqP = typename std::conditional<EPI == kEpiRope, WqRopeParams,
+                                      typename std::conditional<EPI == kEpiRes, WqResParams, WqParams>::type>::type;
+// RS (nb_cuda_matmul_wq_swiglu_rs / _rope_rs): the epilogue first scales
+// each x row's sums by that row's RMSNorm factor r, from the partial sums
+// of squares a kEpiRes launch left (only those kernels take the larger
+// parameter block).
+template <int EPI> struct WqRsParams : WqP<EPI> {
+    const float *part; // [n][NB_CUDA_WQ_PART]
+    float eps;
+};
+template <int EPI, bool RS> using WqPN = typename std::conditional<RS, WqRsParams<EPI>, WqP<EPI>>::type;
+constexpr int kPart = NB_CUDA_WQ_PART;
 
 // Constants for turning "magic | code" into the code: value = h * mul + add.
 template <typename XT> struct Deq;
@@ -350,8 +368,11 @@ __device__ __forceinline__ void store_rope(const WqRopeParams &p, int i, int row
 // for each x row and each 16-row tile of the block's RR, weight rows rl and
 // rl + 8 (rl < 8), each summed over the warps in the plain epilogue's order
 // (rb[w][x row][row in block]), then stored as the epilogue stores a pair.
+// rsc (RS kernels, else NULL): each x row's RMSNorm factor, applied to both
+// sums first.
 template <int EPI, int RR, typename Red>
-__device__ __forceinline__ void epi_pairs(const WqP<EPI> &p, Red rb, int xrows, int row0, int xr0) {
+__device__ __forceinline__ void epi_pairs(const WqP<EPI> &p, Red rb, int xrows, int row0, int xr0,
+                                          const float *rsc = nullptr) {
     for (int idx = threadIdx.x; idx < xrows * RR * 8; idx += kThreads) {
         const int xc = idx / (RR * 8), q = idx % (RR * 8), rl = (q >> 3) * 16 + (q & 7);
         const int row = row0 + rl, xrow = xr0 + xc;
@@ -359,6 +380,10 @@ __device__ __forceinline__ void epi_pairs(const WqP<EPI> &p, Red rb, int xrows, 
         float va = rb[0][xc][rl], vb = rb[0][xc][rl + 8];
 #pragma unroll
         for (int w = 1; w < kWarps; w++) va += rb[w][xc][rl], vb += rb[w][xc][rl + 8];
+        if (rsc) {
+            va = __fmul_rn(va, rsc[xrow]);
+            vb = __fmul_rn(vb, rsc[xrow]);
+        }
         if constexpr (EPI == kEpiSwiglu) store_swiglu(p, xrow, (row >> 4) * 8 + (q & 7), va, vb);
         else store_rope(p, xrow, row, va, vb);
     }
@@ -391,6 +416,37 @@ __device__ __forceinline__ void store_plain(const WqP<EPI> &p, Red rb, int xrows
         if (p.bias) v += load_any(p.bias, p.bias_dt, row);
         store_any(p.out, p.out_dt, (size_t)xrow * p.m + row, v);
     }
+}
+
+// kEpiRes's loop (decode kernel, 32-row items: a row tile's 32 outputs of
+// x row c are warp c's lanes, c = warp + 8j): each output summed over the
+// warps in store_plain's order (plus the bias), so v is the plain output's
+// bits; h = x + v as nb_ref_add adds them, stored back into x; xs = the f16
+// saturating h * w; ss[j] += h * h (this thread's running sum of row c).
+template <int NX, typename Red>
+__device__ __forceinline__ void store_res(const WqResParams &p, Red rb, int row0, float (&ss)[NX]) {
+#pragma unroll
+    for (int j = 0; j < NX; j++) {
+        const int xc = (threadIdx.x >> 5) + 8 * j, rl = threadIdx.x & 31;
+        const int row = row0 + rl;
+        if (row >= p.m || xc >= p.n) continue;
+        float v = rb[0][xc][rl];
+#pragma unroll
+        for (int w = 1; w < kWarps; w++) v += rb[w][xc][rl];
+        if (p.bias) v += load_any(p.bias, p.bias_dt, row);
+        const size_t e = (size_t)xc * p.m + row;
+        const float h = __fadd_rn(p.res.x[e], v);
+        p.res.x[e] = h;
+        p.res.xs[e] = nb_dt::f32_to_f16_sat(__fmul_rn(h, load_any(p.res.w, p.res.w_dt, row)));
+        ss[j] = __fadd_rn(ss[j], __fmul_rn(h, h));
+    }
+}
+
+// The sum over 32 lanes in one fixed order (every lane gets it).
+__device__ __forceinline__ float warp_sum_fixed(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
 
 template <typename XT> __device__ __forceinline__ float x_to_f32(XT v);
@@ -672,10 +728,14 @@ __device__ __forceinline__ void bulk1d(uint32_t dst, const void *src, uint32_t b
 // each item's A fragments (n > 8: NX = 2; R = 2 then halves the x
 // fragments loaded per weight byte). Every output gets the arithmetic of
 // the tile kernel whatever R and NX.
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
+// RS: the SwiGLU / RoPE epilogue scales by each row's RMSNorm factor (from
+// p.part); kEpiRes: see store_res. Both need 32-row items (R = 2).
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI, bool RS = false>
 __global__ void __launch_bounds__(kThreads, MINB)
-    wq_gemv_kernel(const WqP<EPI> p, int ntiles, int cw_max) {
+    wq_gemv_kernel(const WqPN<EPI, RS> p, int ntiles, int cw_max) {
     static_assert(!X1 || NX == 1, "X1: one row of x");
+    static_assert((EPI != kEpiRes && !RS) || R == 2, "the residual / norm-scale forms: 32-row items");
+    static_assert(!RS || EPI == kEpiSwiglu || EPI == kEpiRope, "the norm scale: the paired epilogues");
     extern __shared__ __align__(128) unsigned char gv_smem[];
     __shared__ float red[2][kWarps][NX * 8][R * 16];
     __shared__ __align__(8) uint64_t gv_bars[kWarps][ST];
@@ -743,6 +803,22 @@ __global__ void __launch_bounds__(kThreads, MINB)
     WQ_TRACE(1);
     nb_pdl::wait();
     WQ_TRACE(2);
+    __shared__ float rs_sh[RS ? NX * 8 : 1]; // RS: each x row's RMSNorm factor
+    float ss[NX];                   // kEpiRes: this thread's sums of squares (store_res)
+#pragma unroll
+    for (int j = 0; j < NX; j++) ss[j] = 0.0f;
+    if constexpr (EPI == kEpiRes) {
+        // The partial sums past this grid's blocks are zeros (the reader sums all kPart).
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < p.n * kPart; i += kThreads)
+                if (i % kPart >= (int)gridDim.x) p.res.part[i] = 0.0f;
+    }
+    if constexpr (RS) {
+        // The partial sums, into L1 for the first epilogue (lane l: line l of each row).
+        if (warp == 0)
+            for (int i = 0; i < p.n; i++)
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(p.part + (size_t)i * kPart + 32 * lane));
+    }
 
     // NOTE: lanes of x rows past n load nothing (zeros). Loading row 0 in
     // those lanes instead (their mma columns are never stored) was 3-17%
@@ -880,10 +956,36 @@ __global__ void __launch_bounds__(kThreads, MINB)
         // buffer is rewritten two row tiles later, after every reader has
         // passed the barrier in between.
         __syncthreads();
-        if constexpr (EPI != kEpiPlain) // as the tile kernel's
-            epi_pairs<EPI, R>(p, rb, NX * 8, rt * R * 16, 0);
+        if constexpr (RS) {
+            if (tl == 0) { // the rows' factors, once: warp w for rows w and w + 8
+                for (int i = warp; i < p.n; i += kWarps) {
+                    float v[kPart / 32];
+#pragma unroll
+                    for (int u = 0; u < kPart / 32; u++) v[u] = p.part[(size_t)i * kPart + lane + 32 * u];
+                    float a = 0.0f;
+#pragma unroll
+                    for (int u = 0; u < kPart / 32; u++) a = __fadd_rn(a, v[u]);
+                    const float ms = __fdiv_rn(warp_sum_fixed(a), (float)p.k);
+                    if (lane == 0) rs_sh[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
+                }
+                __syncthreads();
+            }
+        }
+        if constexpr (EPI == kEpiRes)
+            store_res<NX>(p, rb, rt * R * 16, ss);
+        else if constexpr (EPI != kEpiPlain) // as the tile kernel's
+            epi_pairs<EPI, R>(p, rb, NX * 8, rt * R * 16, 0, RS ? rs_sh : nullptr);
         else
             store_plain<EPI, R>(p, rb, NX * 8, rt * R * 16, 0);
+    }
+    if constexpr (EPI == kEpiRes) {
+        // This block's partial sum of squares of each x row, in a fixed order.
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            const float a = warp_sum_fixed(ss[j]);
+            const int xc = warp + 8 * j;
+            if (lane == 0 && xc < p.n) p.res.part[(size_t)xc * kPart + blockIdx.x] = a;
+        }
     }
     WQ_TRACE(5);
 }
@@ -1033,7 +1135,7 @@ int g_gemv2_var = -1; // -1: the built-in choice (gemv2_builtin)
 // of groups per warp, 4 to 256), and the SM count; computed once per
 // device, kernel and class. Returns 0 and sets *err on a CUDA error.
 constexpr int kGvIds1 = 8 * kGvNVar + 4 * kGv2NVar; // per epilogue (EPI * kGvIds1 + ...)
-constexpr int kGvIds = 3 * kGvIds1;
+constexpr int kGvIds = 8 * kGvIds1;                  // 4 epilogues, then with the norm scale (RS: 4 * kGvIds1 + ...)
 constexpr int kMaxDev = 64;
 // The current device's SM count (cached per device) and its index; 0 and
 // *err set on a CUDA error.
@@ -1076,9 +1178,9 @@ int gemv_per_sm(const void *fn, int id, size_t max_smem, int cls, size_t smem, i
 
 // One decode-kernel instantiation (numbered id < kGvIds for gemv_per_sm).
 // X1: n == 1 (the fold skips the unused x rows; the same bits for row 0).
-template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI>
+template <typename XT, bool LOWER, int ST, int MINB, int NS, bool X1, int R, int NX, int EPI, bool RS = false>
 cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
-    id += EPI * kGvIds1;
+    id += EPI * kGvIds1 + (RS ? 4 * kGvIds1 : 0);
     // Size classes up to k = 256k (NX = 1) or 64k (NX = 2: twice the group
     // sums per group, and a larger static reduction area); see the k limits
     // in wq_dispatch.
@@ -1090,7 +1192,7 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
         cls++;
     }
     const size_t smem = gv_smem_bytes<LOWER, ST, R, NX>(cw_max);
-    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX, EPI>;
+    constexpr auto kern = wq_gemv_kernel<XT, LOWER, ST, MINB, NS, X1, R, NX, EPI, RS>;
     const void *fn = reinterpret_cast<const void *>(kern);
     cudaError_t err;
     int sms = 1;
@@ -1106,23 +1208,25 @@ cudaError_t launch_gemv_k(const WqParams &p, int id, cudaStream_t stream) {
     const int resident = bps * sms;
     const int ntiles = ((p.m + 15) / 16 + R - 1) / R;
     const int per_block = (ntiles + resident - 1) / resident;
-    return nb_pdl::launch(kern, dim3((unsigned)((ntiles + per_block - 1) / per_block)), dim3(kThreads), smem,
-                          stream, pdl_on(), static_cast<const WqP<EPI> &>(p), ntiles, cw_max);
+    const unsigned grid = (unsigned)((ntiles + per_block - 1) / per_block);
+    if (EPI == kEpiRes && grid > (unsigned)kPart) return cudaErrorInvalidConfiguration; // checked by the caller
+    return nb_pdl::launch(kern, dim3(grid), dim3(kThreads), smem, stream, pdl_on(),
+                          static_cast<const WqPN<EPI, RS> &>(p), ntiles, cw_max);
 }
 
-template <typename XT, bool LOWER, int V, bool X1, int EPI>
+template <typename XT, bool LOWER, int V, bool X1, int EPI, bool RS = false>
 cudaError_t launch_gemv_v(const WqParams &p, cudaStream_t stream) {
     constexpr GvVar v = kGvVars[V];
     const int id = V * 8 + (X1 ? 4 : 0) + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
     // the 8-bit view: 8 KB in flight per warp (4 items of 2 KB, or 2 of 4 KB)
-    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1, EPI>(p, id, stream);
+    return launch_gemv_k<XT, LOWER, LOWER ? 4 / v.r : v.st, v.minb, v.ns, X1, v.r, 1, EPI, RS>(p, id, stream);
 }
 
-template <typename XT, bool LOWER, int V, int EPI>
+template <typename XT, bool LOWER, int V, int EPI, bool RS = false>
 cudaError_t launch_gemv2_v(const WqParams &p, cudaStream_t stream) {
     constexpr Gv2Var v = kGv2Vars[V];
     const int id = 8 * kGvNVar + V * 4 + (LOWER ? 2 : 0) + (std::is_same<XT, __half>::value ? 0 : 1);
-    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2, EPI>(p, id, stream);
+    return launch_gemv_k<XT, LOWER, LOWER ? v.st8 : v.st4, v.minb, 1, false, v.r, 2, EPI, RS>(p, id, stream);
 }
 
 // Does a grid of one block per SM, each walking whole 32-row tiles, keep
@@ -1181,6 +1285,28 @@ cudaError_t launch_gemv_x(const WqParams &p, cudaStream_t stream) {
     case 4: return launch_gemv_v<XT, LOWER, 4, X1, EPI>(p, stream);
     default: return launch_gemv_v<XT, LOWER, 0, X1, EPI>(p, stream);
     }
+}
+
+// The residual epilogue's (EPI kEpiRes) and the norm-scaled epilogues' (RS)
+// launches, 4-bit view with f16 x: the built-in variants only (3 or 4 at
+// n <= 8, 0 or 1 at 9-16: all 32-row items), or a forced one of those
+// (another forced variant takes the built-in one). The same outputs as any
+// variant.
+template <int EPI, bool RS> cudaError_t launch_gemv_rs(const WqParams &p, cudaStream_t stream) {
+    cudaError_t err = cudaSuccess;
+    if (p.n > 8) {
+        const int v = g_gemv2_var == 0 || g_gemv2_var == 1 ? g_gemv2_var : gemv2_builtin(false, p.m, &err);
+        if (err != cudaSuccess) return err;
+        return v == 1 ? launch_gemv2_v<__half, false, 1, EPI, RS>(p, stream)
+                      : launch_gemv2_v<__half, false, 0, EPI, RS>(p, stream);
+    }
+    const int v = g_gemv_var == 3 || g_gemv_var == 4 ? g_gemv_var : gemv_builtin(false, true, p.m, &err);
+    if (err != cudaSuccess) return err;
+    if (v == 4)
+        return p.n == 1 ? launch_gemv_v<__half, false, 4, true, EPI, RS>(p, stream)
+                        : launch_gemv_v<__half, false, 4, false, EPI, RS>(p, stream);
+    return p.n == 1 ? launch_gemv_v<__half, false, 3, true, EPI, RS>(p, stream)
+                    : launch_gemv_v<__half, false, 3, false, EPI, RS>(p, stream);
 }
 
 template <typename XT, bool LOWER, int EPI = kEpiPlain> cudaError_t launch_gemv(const WqParams &p, cudaStream_t stream) {
@@ -1431,9 +1557,30 @@ extern "C" int nb_cuda_matmul_wq_swiglu_supported(int m, int k) {
     return m > 0 && m % 16 == 0 && nb_wq_group_size(k) == kGroup;
 }
 
+namespace {
+nb_status launch_rs_or(WqParams &p, nb_dtype x_dt, bool use_lower, const float *part, float eps, cudaStream_t stream);
+nb_status swiglu_impl(void *out, nb_dtype out_dt, int sat, const void *x, nb_dtype x_dt, const nb_cuda_wq *w,
+                      int use_lower, int n, int m, int k, const float *part, float eps, cudaStream_t stream);
+nb_status rope_impl(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, int use_lower, int n, int m, int k,
+                    const nb_cuda_wq_rope *r, const float *part, float eps, cudaStream_t stream);
+} // namespace
+
 extern "C" nb_status nb_cuda_matmul_wq_swiglu(void *out, nb_dtype out_dt, int sat, const void *x, nb_dtype x_dt,
                                               const nb_cuda_wq *w, int use_lower, int n, int m, int k,
                                               cudaStream_t stream) {
+    return swiglu_impl(out, out_dt, sat, x, x_dt, w, use_lower, n, m, k, nullptr, 0.0f, stream);
+}
+
+extern "C" nb_status nb_cuda_matmul_wq_swiglu_rs(void *out, nb_dtype out_dt, int sat, const void *x, nb_dtype x_dt,
+                                                 const nb_cuda_wq *w, int n, int m, int k, const float *part,
+                                                 float eps, cudaStream_t stream) {
+    if (!part) return NB_ERR_INVALID_ARG;
+    return swiglu_impl(out, out_dt, sat, x, x_dt, w, 0, n, m, k, part, eps, stream);
+}
+
+namespace {
+nb_status swiglu_impl(void *out, nb_dtype out_dt, int sat, const void *x, nb_dtype x_dt, const nb_cuda_wq *w,
+                      int use_lower, int n, int m, int k, const float *part, float eps, cudaStream_t stream) {
     if (n < 0 || m < 0 || !w || nb_wq_group_size(k) == 0) return NB_ERR_INVALID_ARG;
     if (x_dt != NB_DTYPE_F16 && x_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
     if (!io_dtype_ok(out_dt) || (sat && out_dt != NB_DTYPE_F16)) return NB_ERR_INVALID_ARG;
@@ -1446,11 +1593,13 @@ extern "C" nb_status nb_cuda_matmul_wq_swiglu(void *out, nb_dtype out_dt, int sa
     if (!nb_cuda_matmul_wq_swiglu_supported(m, k) || !aligned16(x) || !aligned16(w->upper) ||
         (use_lower && !aligned16(w->lower)) || ((uintptr_t)w->sz & 7u) != 0)
         return NB_ERR_UNSUPPORTED;
-    WqParams p = wq_params(out, out_dt, x, w, use_lower != 0, nullptr, NB_DTYPE_F32, n, m, k);
+    WqRsParams<kEpiSwiglu> p;
+    static_cast<WqParams &>(p) = wq_params(out, out_dt, x, w, use_lower != 0, nullptr, NB_DTYPE_F32, n, m, k);
     p.epi = kEpiSwiglu;
     p.sat = sat != 0;
-    return wq_dispatch(p, x_dt, use_lower != 0, kGroup, stream);
+    return launch_rs_or(p, x_dt, use_lower != 0, part, eps, stream);
 }
+} // namespace
 
 extern "C" int nb_cuda_matmul_wq_rope_supported(int m, int k, int n_heads, int n_kv_heads, int D) {
     return n_heads > 0 && n_kv_heads > 0 && D > 0 && D % 16 == 0 && m == (n_heads + 2 * n_kv_heads) * D &&
@@ -1459,6 +1608,19 @@ extern "C" int nb_cuda_matmul_wq_rope_supported(int m, int k, int n_heads, int n
 
 extern "C" nb_status nb_cuda_matmul_wq_rope(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, int use_lower,
                                             int n, int m, int k, const nb_cuda_wq_rope *r, cudaStream_t stream) {
+    return rope_impl(x, x_dt, w, use_lower, n, m, k, r, nullptr, 0.0f, stream);
+}
+
+extern "C" nb_status nb_cuda_matmul_wq_rope_rs(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, int n, int m, int k,
+                                               const nb_cuda_wq_rope *r, const float *part, float eps,
+                                               cudaStream_t stream) {
+    if (!part) return NB_ERR_INVALID_ARG;
+    return rope_impl(x, x_dt, w, 0, n, m, k, r, part, eps, stream);
+}
+
+namespace {
+nb_status rope_impl(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, int use_lower, int n, int m, int k,
+                    const nb_cuda_wq_rope *r, const float *part, float eps, cudaStream_t stream) {
     if (n < 0 || m < 0 || !w || !r || nb_wq_group_size(k) == 0) return NB_ERR_INVALID_ARG;
     if (x_dt != NB_DTYPE_F16 && x_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
     const nb_kv_layout &L = r->lay;
@@ -1477,11 +1639,67 @@ extern "C" nb_status nb_cuda_matmul_wq_rope(const void *x, nb_dtype x_dt, const 
     if (!nb_cuda_matmul_wq_rope_supported(m, k, r->n_heads, L.n_kv_heads, D) || !aligned16(x) ||
         !aligned16(w->upper) || (use_lower && !aligned16(w->lower)) || ((uintptr_t)w->sz & 7u) != 0)
         return NB_ERR_UNSUPPORTED;
-    WqRopeParams p;
+    WqRsParams<kEpiRope> p;
     static_cast<WqParams &>(p) = wq_params(r->q_out, NB_DTYPE_F32, x, w, use_lower != 0, nullptr, NB_DTYPE_F32, n, m, k);
     p.epi = kEpiRope; // wq_dispatch passes p on as the WqRopeParams it is
     p.rope = *r;
-    return wq_dispatch(p, x_dt, use_lower != 0, kGroup, stream);
+    return launch_rs_or(p, x_dt, use_lower != 0, part, eps, stream);
+}
+
+// Without part: wq_dispatch (p, a WqRsParams, passed on as its base). With
+// it: the norm-scaled decode kernel (launch_gemv_rs), where the fast path's
+// conditions hold; else NB_ERR_UNSUPPORTED, nothing launched.
+nb_status launch_rs_or(WqParams &p, nb_dtype x_dt, bool use_lower, const float *part, float eps, cudaStream_t stream) {
+    if (!part) return wq_dispatch(p, x_dt, use_lower, kGroup, stream);
+    if (p.n > 16 || use_lower || x_dt != NB_DTYPE_F16 || !aligned16(p.x) || !aligned16(p.upper) ||
+        !aligned16(p.sz) || !gemv_on())
+        return NB_ERR_UNSUPPORTED;
+    if (p.n == 0 || p.m == 0) return NB_OK;
+    cudaError_t e;
+    if (p.epi == kEpiSwiglu) {
+        auto &q = static_cast<WqRsParams<kEpiSwiglu> &>(p);
+        q.part = part;
+        q.eps = eps;
+        e = launch_gemv_rs<kEpiSwiglu, true>(q, stream);
+    } else {
+        auto &q = static_cast<WqRsParams<kEpiRope> &>(p);
+        q.part = part;
+        q.eps = eps;
+        e = launch_gemv_rs<kEpiRope, true>(q, stream);
+    }
+    return e == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
+}
+} // namespace
+
+extern "C" nb_status nb_cuda_matmul_wq_res(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, const void *bias,
+                                           nb_dtype bias_dt, int n, int m, int k, const nb_cuda_wq_res *res,
+                                           cudaStream_t stream) {
+    const int gs = nb_wq_group_size(k);
+    if (n < 0 || m < 0 || gs == 0 || !w || !res) return NB_ERR_INVALID_ARG;
+    if (x_dt != NB_DTYPE_F16 && x_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
+    if (bias && !io_dtype_ok(bias_dt)) return NB_ERR_INVALID_ARG;
+    if (res->w_dt != NB_DTYPE_F32 && res->w_dt != NB_DTYPE_F16 && res->w_dt != NB_DTYPE_BF16) return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!x || !w->upper || !w->sz || !res->x || !res->w || !res->xs || !res->part) return NB_ERR_INVALID_ARG;
+    if (n > 16) return NB_ERR_UNSUPPORTED; // before the overlaps, which n sizes
+    // NOTE: blocks store while others still read x: nothing stored may overlap it.
+    const size_t xb = (size_t)n * k * nb_dtype_size(x_dt), hb = (size_t)n * m * 4, sb = (size_t)n * m * 2,
+                 pb = (size_t)n * kPart * 4;
+    const uintptr_t a[4] = {(uintptr_t)x, (uintptr_t)res->x, (uintptr_t)res->xs, (uintptr_t)res->part};
+    const size_t len[4] = {xb, hb, sb, pb};
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++)
+            if (a[i] < a[j] + len[j] && a[j] < a[i] + len[i]) return NB_ERR_INVALID_ARG;
+    if (n > 16 || x_dt != NB_DTYPE_F16 || gs != kGroup || !aligned16(x) || !aligned16(w->upper) || !aligned16(w->sz) ||
+        !gemv_on())
+        return NB_ERR_UNSUPPORTED;
+    WqResParams p;
+    static_cast<WqParams &>(p) = wq_params(nullptr, NB_DTYPE_F32, x, w, false, bias, bias_dt, n, m, k);
+    p.epi = kEpiRes;
+    p.res = *res;
+    const cudaError_t e = launch_gemv_rs<kEpiRes, false>(p, stream);
+    if (e == cudaErrorInvalidConfiguration) return NB_ERR_UNSUPPORTED; // more blocks than partial sums
+    return e == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
 }
 
 extern "C" nb_status nb_cuda_wq_dequantize(void *out, nb_dtype dt, const nb_cuda_wq *w,

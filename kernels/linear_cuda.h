@@ -223,6 +223,47 @@ nb_status nb_cuda_matmul_wq_rope(const void *x /*[n][k] x_dt*/, nb_dtype x_dt,
                                  const nb_cuda_wq *w /*[m][k] device, rope rows*/, int use_lower, int n, int m,
                                  int k, const nb_cuda_wq_rope *r, cudaStream_t stream);
 
+// The RMSNorm between two of the draft's 4-bit matmuls, scaled after the
+// second instead of before it. RMSNorm(h) . W^T = r * ((h * w) . W^T) for
+// each row, r = 1 / sqrt(sum(h^2) / k + eps) a per-row scalar, so the
+// matmul BEFORE the norm (the o or down projection) can store h and the
+// f16 h * w, which need no reduction, and the partial sums of h^2 of its
+// thread blocks; the fused matmul AFTER it (gate|up + SwiGLU, or q|k|v +
+// RoPE) reads h * w as its x and multiplies its f32 sums by r, from those
+// partials, before its epilogue. No norm launch, and nothing waits for the
+// sum. Not the unscaled path's bits: x is rounded to f16 as h * w instead
+// of (h * r) * w (the same relative precision; h * w saturates at f16's
+// 65504 where (h * r) * w would not).
+#define NB_CUDA_WQ_PART 1024
+typedef struct nb_cuda_wq_res {
+    float *x;      // [n][m] f32, the residual stream: x += the matmul's output, in place
+    const void *w; // [m] w_dt (f32, f16 or bf16): the next RMSNorm's weights
+    nb_dtype w_dt;
+    uint16_t *xs;  // [n][m] f16: the saturating f16 of (new x) * w
+    float *part;   // [n][NB_CUDA_WQ_PART] f32: partial sums of (new x)^2, zeros past the last one
+} nb_cuda_wq_res;
+// out = nb_cuda_matmul_wq's f32 output (4-bit view, f16 x; the same
+// bits), then res->x[i][j] += out[i][j] (nb_cuda_add's rounding), res->xs
+// and res->part as above; sum_b part[i][b] is sum_j x[i][j]^2 summed in an
+// order fixed for the device and shape. Returns NB_OK; NB_ERR_INVALID_ARG
+// (as nb_cuda_matmul_wq, a NULL res pointer, an unknown w_dt, or res's
+// buffers overlapping x or each other); NB_ERR_UNSUPPORTED, before
+// anything is launched, outside the decode kernel's fast path (n > 16,
+// bf16 x, unaligned pointers, the decode kernel off) or for a grid of
+// more than NB_CUDA_WQ_PART blocks; NB_ERR_BACKEND.
+nb_status nb_cuda_matmul_wq_res(const void *x /*[n][k] f16*/, nb_dtype x_dt, const nb_cuda_wq *w /*[m][k]*/,
+                                const void *bias, nb_dtype bias_dt, int n, int m, int k, const nb_cuda_wq_res *res,
+                                cudaStream_t stream);
+// nb_cuda_matmul_wq_swiglu / _rope with each x row's f32 sums multiplied by
+// r_i = 1 / sqrt(sum_b part[i][b] / k + eps) first (part: a
+// nb_cuda_matmul_wq_res launch's, over these rows; x: its xs). The same
+// returns, and NB_ERR_INVALID_ARG for a NULL part, NB_ERR_UNSUPPORTED for
+// n > 16 or the decode kernel off.
+nb_status nb_cuda_matmul_wq_swiglu_rs(void *out, nb_dtype out_dt, int sat, const void *x, nb_dtype x_dt,
+                                      const nb_cuda_wq *w, int n, int m, int k, const float *part, float eps,
+                                      cudaStream_t stream);
+nb_status nb_cuda_matmul_wq_rope_rs(const void *x, nb_dtype x_dt, const nb_cuda_wq *w, int n, int m, int k,
+                                    const nb_cuda_wq_rope *r, const float *part, float eps, cudaStream_t stream);
 // Tuning hook for benchmarks: force the weight rows per thread block of the
 // tensor-core path (16 or 32); any other value restores the built-in
 // choice. Not thread safe; affects later launches of this process.

@@ -174,6 +174,13 @@ int nb_backend_cuda_dense_swiglu_layers(const nb_backend *be);
 // row-invariant matmul's reduction (backend_cuda.c's dense_rope_stage: the
 // target's step passes); the same answer for every layer.
 int nb_backend_cuda_dense_rope_layers(const nb_backend *be);
+// How many RMSNorms the cuda backend has scaled after the fused draft
+// matmul they feed instead of launching them (backend_cuda.c's post_stage:
+// the o or down projection adds its residual and leaves the norm's
+// unscaled input; nb_cuda_matmul_wq_res), counted as their launches are
+// enqueued (a pass replayed from a CUDA graph adds none); -1 for another
+// backend.
+long nb_backend_cuda_norm_posts(const nb_backend *be);
 
 // Pass timing for benchmarks: with on, every later forward records CUDA
 // events at the start and the end of its device work (metadata upload to

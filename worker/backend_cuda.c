@@ -57,6 +57,7 @@
 #include "wquant.h"
 
 #define STEP_SLICE 16       // rows per linear-layer slice in step mode (cuBLAS, quantized)
+#define NB_POST_ROWS 16     // passes of up to this many rows scale their draft norms after the matmul (norm_post)
 #define RI_SLICE 64         // rows per call of the row-invariant dense matmul (step mode)
 #define ATTN_MAX_CHUNKS 64  // split-K chunks at most (both modes)
 #define WORK_BATCH 1024     // KV work items per upload
@@ -192,6 +193,15 @@ typedef struct cuda_backend {
     // workspace: Rp = max_rows rounded up to STEP_SLICE, LRp likewise for logit rows
     int Rp, LRp, maxk;
     float *x, *xb, *q, *k, *v, *att, *gate, *up, *tmp, *xl, *logits;
+    // The RMSNorm scaled after the fused draft matmul instead of launched
+    // (norm_post; NB_NORM_POST=0: off): the o / down projection before it
+    // adds its output into x and stores x * w as f16 (xs, [NB_POST_ROWS][H])
+    // and its blocks' partial sums of x^2 (part), which the fused matmul
+    // after it reads (nb_cuda_matmul_wq_res, _swiglu_rs, _rope_rs).
+    uint16_t *xs;
+    float *part;
+    bool norm_post;
+    long norm_posts; // such norms enqueued (nb_backend_cuda_norm_posts)
     float *qkv;        // [Rp][Hq + 2*Hkv] fused q/k/v projection output (fqkv)
     bool fqkv, fgu;    // q/k/v and gate/up run as one matmul each (every layer)
     void *xa_d, *xa_q; // converted inputs of the dense / quantized linear layers
@@ -999,6 +1009,31 @@ static bool dense_swiglu_takes(const cuda_backend *be, const dlayer *L, nb_fwd_m
            path_of(be, &L->down, mode) == LIN_DENSE && be->adt != NB_DTYPE_F32 && ri_takes(be, &L->gu);
 }
 
+// Whether a pass of R rows in this mode scales the norm before layer L's
+// fused 4-bit matmuls after them (norm_post): draft passes (the fused
+// layouts take the 4-bit view) of up to NB_POST_ROWS rows, where both of
+// L's norms feed fused matmuls (q|k|v + RoPE, gate|up + SwiGLU, with the
+// down projection 4-bit too). Not with draft_batch_invariant: a row's
+// factor comes from partial sums cut by the matmul's grid, which the row
+// count picks (and past NB_POST_ROWS rows the norms run unscaled).
+static bool post_ok(const cuda_backend *be, const dlayer *L, nb_fwd_mode mode, int R) {
+    return be->norm_post && !be->cfg.draft_batch_invariant && R <= NB_POST_ROWS && be->fqkv && L->qkv.rope &&
+           path_of(be, &L->qkv, mode) == LIN_Q4 && be->fgu && L->gu.swiglu && path_of(be, &L->gu, mode) == LIN_Q4 &&
+           path_of(be, &L->down, mode) == LIN_Q4;
+}
+
+// The 4-bit projection Lp (one call of R rows, input xq) adding its output
+// into x and leaving the next norm's unscaled f16 input and partial sums
+// (nb_cuda_matmul_wq_res; w: that norm's weights). *st: its status.
+static nb_status post_stage(cuda_backend *be, const void *xq, int R, const dlin *Lp, const void *w, nb_dtype wdt,
+                            nb_status *st) {
+    const nb_cuda_wq_res rs = {be->x, w, wdt, be->xs, be->part};
+    *st = nb_cuda_matmul_wq_res(xq, qx_of(be, LIN_Q4), &Lp->q, Lp->bias, Lp->bias_dt, R, Lp->m, Lp->k, &rs,
+                                be->stream);
+    if (*st == NB_OK) be->norm_posts++;
+    return *st;
+}
+
 // Layout of one pass's metadata in the staging buffers (byte offsets).
 // The kernels of one pass, enqueued on the stream (captured into a CUDA
 // graph for repeated step shapes). Everything that varies between passes of
@@ -1032,31 +1067,48 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
     }
     if (table) CK(nb_cuda_rope_table(be->rope_cs, d_pos, R, D, be->inv_freq, S), "rope table");
     const int Hkv = mc->n_kv_heads * D, W = Hq + 2 * Hkv;
+    const float eps = mc->rms_norm_eps;
+    // Draft passes of up to NB_POST_ROWS rows: each norm between a 4-bit
+    // projection and a fused 4-bit matmul is scaled after the latter
+    // (post_ok; see cuda_backend.xs). pre: this layer's attention norm went
+    // that way (the previous down projection added its residual).
+    bool pre = false;
     for (int l = 0; l < mc->n_layers; l++) {
         const dlayer *L = &be->layers[l];
-        const void *xd, *xq;
+        const void *xd = NULL, *xq = NULL;
         // The residual of the previous layer's MLP is added here, fused
         // with this layer's RMSNorm and the conversion to what q/k/v read.
         const dlin *l0 = be->fqkv ? &L->qkv : &L->wq, *l1 = be->fqkv ? &L->qkv : &L->wk;
-        CK(norm_stage(be, l > 0 ? be->tmp : NULL, L->attn_norm, L->attn_norm_dt, R, path_of(be, l0, mode),
-                      path_of(be, l1, mode), &xd, &xq),
-           "rmsnorm");
-        if (be->fqkv && L->qkv.rope && path_of(be, &L->qkv, mode) == LIN_Q4) {
-            CK(rope_stage(be, xq, R, &L->qkv, l, d_kvb, d_kvs, step), "qkv projection + rope + kv write");
-        } else if (dense_rope_takes(be, L, mode, step)) {
-            CK(dense_rope_stage(be, xd, R, &L->qkv, l, d_kvb, d_kvs), "qkv projection + rope + kv write");
-        } else if (be->fqkv) {
-            CK(lin_run(be, be->qkv, xd, xq, R, &L->qkv, mode, step), "qkv projection");
-            CK(nb_cuda_rope_write_kv(be->q, be->qkv, W, be->qkv + Hq, be->qkv + Hq + Hkv, W, d_pos, R,
-                                     mc->n_heads, be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
-               "rope + kv write");
-        } else {
-            CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
-            CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
-            CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
-            CK(nb_cuda_rope_write_kv(be->q, be->q, Hq, be->k, be->v, Hkv, d_pos, R, mc->n_heads,
-                                     be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
-               "rope + kv write");
+        nb_status ps_st = NB_ERR_UNSUPPORTED;
+        if (pre) {
+            const nb_cuda_wq_rope rp = {be->q, be->rope_cs, be->pools.fp, d_kvb, d_kvs, be->lay, l, mc->n_heads};
+            ps_st = nb_cuda_matmul_wq_rope_rs(be->xs, NB_DTYPE_F16, &L->qkv.q, R, L->qkv.m, L->qkv.k, &rp, be->part,
+                                              eps, S);
+            if (ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "qkv projection (norm scaled after) + rope + kv write");
+        }
+        if (ps_st != NB_OK) {
+            // (After a residual already added by nb_cuda_matmul_wq_res, the
+            // norm alone.)
+            CK(norm_stage(be, pre || l == 0 ? NULL : be->tmp, L->attn_norm, L->attn_norm_dt, R, path_of(be, l0, mode),
+                          path_of(be, l1, mode), &xd, &xq),
+               "rmsnorm");
+            if (be->fqkv && L->qkv.rope && path_of(be, &L->qkv, mode) == LIN_Q4) {
+                CK(rope_stage(be, xq, R, &L->qkv, l, d_kvb, d_kvs, step), "qkv projection + rope + kv write");
+            } else if (dense_rope_takes(be, L, mode, step)) {
+                CK(dense_rope_stage(be, xd, R, &L->qkv, l, d_kvb, d_kvs), "qkv projection + rope + kv write");
+            } else if (be->fqkv) {
+                CK(lin_run(be, be->qkv, xd, xq, R, &L->qkv, mode, step), "qkv projection");
+                CK(nb_cuda_rope_write_kv(be->q, be->qkv, W, be->qkv + Hq, be->qkv + Hq + Hkv, W, d_pos, R,
+                                         mc->n_heads, be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
+                   "rope + kv write");
+            } else {
+                CK(lin_run(be, be->q, xd, xq, R, &L->wq, mode, step), "q projection");
+                CK(lin_run(be, be->k, xd, xq, R, &L->wk, mode, step), "k projection");
+                CK(lin_run(be, be->v, xd, xq, R, &L->wv, mode, step), "v projection");
+                CK(nb_cuda_rope_write_kv(be->q, be->q, Hq, be->k, be->v, Hkv, d_pos, R, mc->n_heads,
+                                         be->inv_freq, &be->lay, be->pools.fp, l, d_kvb, d_kvs, S),
+                   "rope + kv write");
+            }
         }
         pa.layer = l;
         pa.q = be->q;
@@ -1072,27 +1124,48 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         pa.out_cvt_sat = ao.cvt.sat;
         CK(nb_pa_attention(&pa, S), "attention");
         if (ao.generic) CK(stage_in(be, be->att, R, Hq, po, po, &xd, &xq), "convert");
-        CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
-        const dlin *g0 = be->fgu ? &L->gu : &L->gate, *g1 = be->fgu ? &L->gu : &L->up;
-        CK(norm_stage(be, be->tmp, L->ffn_norm, L->ffn_norm_dt, R, path_of(be, g0, mode), path_of(be, g1, mode),
-                      &xd, &xq),
-           "residual + rmsnorm");
-        if (be->fgu && L->gu.swiglu && path_of(be, &L->gu, mode) == LIN_Q4) {
-            CK(swiglu_stage(be, xq, R, &L->gu, path_of(be, &L->down, mode), step, &xd, &xq),
-               "gate/up projection + swiglu");
-        } else if (dense_swiglu_takes(be, L, mode, step)) {
-            CK(dense_swiglu_stage(be, xd, R, &L->gu, &xd, &xq), "gate/up projection + swiglu");
-        } else if (be->fgu) {
-            CK(lin_run(be, be->gate, xd, xq, R, &L->gu, mode, step), "gate/up projection");
-            CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R, L->gu.dswiglu && path_of(be, &L->gu, mode) == LIN_DENSE,
-                          path_of(be, &L->down, mode), &xd, &xq),
-               "swiglu");
-        } else {
-            CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
-            CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
-            CK(silu_stage(be, be->gate, be->up, I, R, false, path_of(be, &L->down, mode), &xd, &xq), "swiglu");
+        // The o projection adds its residual itself where the ffn norm is
+        // scaled after gate|up (post_stage).
+        const bool post_ffn = post_ok(be, L, mode, R) && path_of(be, &L->wo, mode) == LIN_Q4;
+        const bool res_o = post_ffn && post_stage(be, xq, R, &L->wo, L->ffn_norm, L->ffn_norm_dt, &ps_st) == NB_OK;
+        if (post_ffn && !res_o && ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "o projection + residual");
+        if (!res_o) CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
+        ps_st = NB_ERR_UNSUPPORTED;
+        if (res_o) {
+            ps_st = nb_cuda_matmul_wq_swiglu_rs(be->gate, NB_DTYPE_F16, 1, be->xs, NB_DTYPE_F16, &L->gu.q, R, L->gu.m,
+                                                L->gu.k, be->part, eps, S);
+            if (ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "gate/up projection (norm scaled after) + swiglu");
+            xd = NULL;
+            xq = be->gate; // as swiglu_stage leaves it
         }
-        CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
+        if (ps_st != NB_OK) {
+            const dlin *g0 = be->fgu ? &L->gu : &L->gate, *g1 = be->fgu ? &L->gu : &L->up;
+            CK(norm_stage(be, res_o ? NULL : be->tmp, L->ffn_norm, L->ffn_norm_dt, R, path_of(be, g0, mode),
+                          path_of(be, g1, mode), &xd, &xq),
+               "residual + rmsnorm");
+            if (be->fgu && L->gu.swiglu && path_of(be, &L->gu, mode) == LIN_Q4) {
+                CK(swiglu_stage(be, xq, R, &L->gu, path_of(be, &L->down, mode), step, &xd, &xq),
+                   "gate/up projection + swiglu");
+            } else if (dense_swiglu_takes(be, L, mode, step)) {
+                CK(dense_swiglu_stage(be, xd, R, &L->gu, &xd, &xq), "gate/up projection + swiglu");
+            } else if (be->fgu) {
+                CK(lin_run(be, be->gate, xd, xq, R, &L->gu, mode, step), "gate/up projection");
+                CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R,
+                              L->gu.dswiglu && path_of(be, &L->gu, mode) == LIN_DENSE, path_of(be, &L->down, mode),
+                              &xd, &xq),
+                   "swiglu");
+            } else {
+                CK(lin_run(be, be->gate, xd, xq, R, &L->gate, mode, step), "gate projection");
+                CK(lin_run(be, be->up, xd, xq, R, &L->up, mode, step), "up projection");
+                CK(silu_stage(be, be->gate, be->up, I, R, false, path_of(be, &L->down, mode), &xd, &xq), "swiglu");
+            }
+        }
+        // The down projection likewise, for the next layer's attention norm.
+        const dlayer *Ln = l + 1 < mc->n_layers ? &be->layers[l + 1] : NULL;
+        const bool post_attn = Ln && post_ok(be, Ln, mode, R) && path_of(be, &L->down, mode) == LIN_Q4;
+        pre = post_attn && post_stage(be, xq, R, &L->down, Ln->attn_norm, Ln->attn_norm_dt, &ps_st) == NB_OK;
+        if (post_attn && !pre && ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "down projection + residual");
+        if (!pre) CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
     }
     CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
     if (n_logits > 0) {
@@ -1608,6 +1681,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     // reduction where every layer's dense copy and the cache's heads allow
     // it (NB_DENSE_ROPE=0: the separate kernel; the same bits either way).
     be->ri_on = (be->adt == NB_DTYPE_F16 || be->adt == NB_DTYPE_BF16) && !env_off("NB_DENSE_RI");
+    be->norm_post = !env_off("NB_NORM_POST");
     be->drope = be->ri_on && be->fqkv && !env_off("NB_DENSE_ROPE") && be->lay.head_dim == D && D % 16 == 0 &&
                 be->lay.n_kv_heads == mc->n_kv_heads;
     for (int l = 0; be->drope && l < mc->n_layers; l++) {
@@ -1646,7 +1720,9 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
         if (bufs[i].n && (st = dev_alloc(be, (void **)bufs[i].p, bufs[i].n * sizeof(float), err, err_len)))
             return st;
     if ((st = dev_alloc(be, &be->xa_d, Rp * maxk * 2, err, err_len)) ||
-        (st = dev_alloc(be, &be->xa_q, Rp * maxk * 2, err, err_len)))
+        (st = dev_alloc(be, &be->xa_q, Rp * maxk * 2, err, err_len)) ||
+        (st = dev_alloc(be, (void **)&be->xs, (size_t)NB_POST_ROWS * H * 2, err, err_len)) ||
+        (st = dev_alloc(be, (void **)&be->part, (size_t)NB_POST_ROWS * NB_CUDA_WQ_PART * sizeof(float), err, err_len)))
         return st;
 
     // The row-invariant dense matmul's workspace: the largest any dense
@@ -1908,6 +1984,11 @@ int nb_backend_cuda_rope_layers(const nb_backend *base) { return moved_layers(ba
 int nb_backend_cuda_dense_swiglu_layers(const nb_backend *base) { return moved_layers(base, MOVED_DENSE_SWIGLU); }
 
 int nb_backend_cuda_dense_rope_layers(const nb_backend *base) { return moved_layers(base, DENSE_ROPE); }
+
+long nb_backend_cuda_norm_posts(const nb_backend *base) {
+    if (!base || base->ops != &cuda_ops) return -1;
+    return ((const cuda_backend *)base)->norm_posts;
+}
 
 nb_status nb_backend_cuda_pass_timing(nb_backend *base, int on) {
     if (!base || base->ops != &cuda_ops) return NB_ERR_INVALID_ARG;

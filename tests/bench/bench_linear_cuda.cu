@@ -10,7 +10,8 @@
 // timed replays (CUDA events) give the median time per launch. Inputs are
 // random, never zeros. Speed is reported, never asserted.
 //
-// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep [M K]... | --dense [--quick | --sweep]]
+// Usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep [M K]... | --dense [--quick | --sweep] |
+//                          --norm-post]
 //   --quick: one shape, n = 1, for CI; --only: that one configuration (for
 //   profilers); --gemv-sweep: only the decode kernel's variants and grid
 //   sizes (nb_cuda_matmul_wq_set_gemv_variant, _set_blocks_per_sm) at
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include "linear_cuda.h"
+#include "ops_cuda.h"
 #include "wq_bench_util.cuh"
 
 #define NB_OK_OR_DIE(call)                                                              \
@@ -242,6 +244,106 @@ static void dense_bench(int quick, int sweep, double peak, size_t l2, cudaStream
     }
 }
 
+// --norm-post: a draft layer's o projection (4096x4096, 4-bit), RMSNorm and
+// gate|up + SwiGLU (28672x4096) with the norm launched between them
+// (nb_cuda_matmul_wq f32 out, nb_cuda_add_rmsnorm, nb_cuda_matmul_wq_swiglu)
+// against scaled after gate|up (nb_cuda_matmul_wq_res, then
+// nb_cuda_matmul_wq_swiglu_rs): microseconds per step, graph replays of 32
+// steps over two weight copies of each matrix (more bytes than the L2
+// holds), at the engine's draft row counts.
+static void norm_post_bench(cudaStream_t s) {
+    const int H = 4096, I = 14336, C = 2, steps = 32, reps = 15;
+    const float eps = 1e-5f;
+    nb_cuda_wq wo[C], wg[C];
+    for (int c = 0; c < C; c++) {
+        const int ms[2] = {H, 2 * I};
+        nb_cuda_wq *w[2] = {&wo[c], &wg[c]};
+        for (int i = 0; i < 2; i++) {
+            const size_t pb = nb_cuda_wq_plane_bytes(ms[i], H), sz = nb_cuda_wq_sz_elems(ms[i], H);
+            void *up = NULL, *z = NULL;
+            CUDA_OK(cudaMalloc(&up, pb));
+            CUDA_OK(cudaMalloc(&z, sz * 2));
+            fill(up, pb, 0, 11u + 2u * c + i);
+            fill(z, sz, 2, 21u + 2u * c + i); // scales and zeros alike small, positive: finite outputs
+            *w[i] = (nb_cuda_wq){(const uint8_t *)up, NULL, (const uint16_t *)z};
+        }
+    }
+    const int NR = 16;
+    void *xin, *tmp, *x, *xq, *xs, *part, *out, *nw;
+    CUDA_OK(cudaMalloc(&xin, NR * H * 2));
+    CUDA_OK(cudaMalloc(&tmp, NR * H * 4));
+    CUDA_OK(cudaMalloc(&x, NR * H * 4));
+    CUDA_OK(cudaMalloc(&xq, NR * H * 2));
+    CUDA_OK(cudaMalloc(&xs, NR * H * 2));
+    CUDA_OK(cudaMalloc(&part, NR * NB_CUDA_WQ_PART * 4));
+    CUDA_OK(cudaMalloc(&out, NR * I * 2));
+    CUDA_OK(cudaMalloc(&nw, H * 2));
+    fill(xin, NR * H, 1, 31u);
+    fill(nw, H, 1, 32u);
+    printf("## The RMSNorm between a draft layer's o projection and gate|up: launched, or scaled after gate|up "
+           "(4-bit, 4096x4096 then 28672x4096 + SwiGLU)\n\n| n | norm launched us | scaled after us | saved us "
+           "|\n|---|---|---|---|\n");
+    const int ns[] = {1, 2, 4, 8, 16};
+    for (int in = 0; in < 5; in++) {
+        const int n = ns[in];
+        double t[2];
+        for (int post = 0; post < 2; post++) {
+            CUDA_OK(cudaMemset(x, 0, NR * H * 4));
+            auto step = [&](int i) {
+                const int c = i % C;
+                if (post) {
+                    const nb_cuda_wq_res rs = {(float *)x, nw, NB_DTYPE_F16, (uint16_t *)xs, (float *)part};
+                    NB_OK_OR_DIE(nb_cuda_matmul_wq_res(xin, NB_DTYPE_F16, &wo[c], NULL, NB_DTYPE_F32, n, H, H, &rs, s));
+                    NB_OK_OR_DIE(nb_cuda_matmul_wq_swiglu_rs(out, NB_DTYPE_F16, 1, xs, NB_DTYPE_F16, &wg[c], n, 2 * I,
+                                                             H, (const float *)part, eps, s));
+                } else {
+                    NB_OK_OR_DIE(nb_cuda_matmul_wq(tmp, NB_DTYPE_F32, xin, NB_DTYPE_F16, &wo[c], 0, NULL, NB_DTYPE_F32,
+                                                   n, H, H, NULL, 0, s));
+                    const nb_cuda_cvt cvt = {xq, NB_DTYPE_F16, 1};
+                    NB_OK_OR_DIE(nb_cuda_add_rmsnorm((float *)x, (const float *)tmp, nw, NB_DTYPE_F16, n, H, eps, NULL,
+                                                     cvt, s));
+                    NB_OK_OR_DIE(nb_cuda_matmul_wq_swiglu(out, NB_DTYPE_F16, 1, xq, NB_DTYPE_F16, &wg[c], 0, n, 2 * I,
+                                                          H, s));
+                }
+            };
+            step(0);
+            CUDA_OK(cudaStreamSynchronize(s));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < steps; i++) step(i);
+            CUDA_OK(cudaStreamEndCapture(s, &graph));
+            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+            for (int i = 0; i < 3; i++) CUDA_OK(cudaGraphLaunch(exec, s));
+            cudaEvent_t e0, e1;
+            CUDA_OK(cudaEventCreate(&e0));
+            CUDA_OK(cudaEventCreate(&e1));
+            float ms[reps];
+            for (int r = 0; r < reps; r++) {
+                CUDA_OK(cudaEventRecord(e0, s));
+                CUDA_OK(cudaGraphLaunch(exec, s));
+                CUDA_OK(cudaEventRecord(e1, s));
+                CUDA_OK(cudaEventSynchronize(e1));
+                CUDA_OK(cudaEventElapsedTime(&ms[r], e0, e1));
+            }
+            qsort(ms, reps, sizeof ms[0], cmp_float);
+            t[post] = 1000.0 * ms[reps / 2] / steps;
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+        }
+        printf("| %d | %.2f | %.2f | %.2f |\n", n, t[0], t[1], t[0] - t[1]);
+    }
+    printf("\n");
+    for (int c = 0; c < C; c++) {
+        void *f[4] = {(void *)wo[c].upper, (void *)wo[c].sz, (void *)wg[c].upper, (void *)wg[c].sz};
+        for (void *d : f) CUDA_OK(cudaFree(d));
+    }
+    void *f[8] = {xin, tmp, x, xq, xs, part, out, nw};
+    for (void *d : f) CUDA_OK(cudaFree(d));
+}
+
 int main(int argc, char **argv) {
     const int quick = argc == 2 && strcmp(argv[1], "--quick") == 0;
     const int only = argc == 5 && strcmp(argv[1], "--only") == 0;
@@ -254,8 +356,9 @@ int main(int argc, char **argv) {
     const int dense = argc >= 2 && argc <= 3 && strcmp(argv[1], "--dense") == 0 &&
                       (argc == 2 || strcmp(argv[2], "--quick") == 0 || strcmp(argv[2], "--sweep") == 0);
     const int dsweep = dense && argc == 3 && strcmp(argv[2], "--sweep") == 0;
-    if (argc > 1 && !quick && !only && !gsweep && !dense) {
-        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep [M K]... | --dense [--quick | --sweep]]\n");
+    const int npost = argc == 2 && strcmp(argv[1], "--norm-post") == 0;
+    if (argc > 1 && !quick && !only && !gsweep && !dense && !npost) {
+        fprintf(stderr, "usage: bench_linear_cuda [--quick | --only M K N | --gemv-sweep [M K]... | --dense [--quick | --sweep] | --norm-post]\n");
         return 2;
     }
     int gsh[3][2] = {{0, 0}, {0, 0}, {0, 0}};
@@ -306,6 +409,13 @@ int main(int argc, char **argv) {
     const size_t l2 = (size_t)prop.l2CacheSize;
     printf("device: %s, %d SMs, L2 %.0f MB; device-to-device copy: %.0f GB/s (read+write)\n\n",
            prop.name, prop.multiProcessorCount, l2 / 1e6, peak);
+    if (npost) {
+        norm_post_bench(s);
+        cublasDestroy(cb);
+        cudaFree(cb_ws);
+        cudaStreamDestroy(s);
+        return 0;
+    }
     if (dense) {
         dense_bench(argc == 3 && !dsweep, dsweep, peak, l2, s, cb);
         cublasDestroy(cb);

@@ -696,6 +696,54 @@ static void free_moved_wq(moved_wq *q) {
     free(q->zr);
 }
 
+// The norm scale the _rs kernels compute from a row's partial sums, on the
+// host in the same order (lane l sums entries l, l + 32, ... in order, then
+// the lanes' butterfly, each lane adding its partner's sum to its own).
+static float rs_factor(const float *part, int k, float eps) {
+    float a[32], b[32];
+    for (int l = 0; l < 32; l++) {
+        float v = 0.0f;
+        for (int u = 0; u < NB_CUDA_WQ_PART / 32; u++) v = v + part[l + 32 * u];
+        a[l] = v;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        for (int l = 0; l < 32; l++) b[l] = a[l] + a[l ^ o];
+        memcpy(a, b, sizeof a);
+    }
+    const float ms = a[0] / (float)k;
+    return 1.0f / sqrtf(ms + eps);
+}
+// Partial sums for nmax rows (random in the first `used` entries, zeros
+// after, as nb_cuda_matmul_wq_res leaves them), uploaded; their factors in r.
+static float *rs_parts(int nmax, int k, float eps, float *r) {
+    const size_t np = (size_t)nmax * NB_CUDA_WQ_PART;
+    float *h = (float *)calloc(np, sizeof(float));
+    for (int i = 0; i < nmax; i++) {
+        const int used = 100 + (int)(urand() * 300);
+        for (int b = 0; b < used; b++) h[(size_t)i * NB_CUDA_WQ_PART + b] = (float)(urand() * 8.0 * k / used);
+        r[i] = rs_factor(h + (size_t)i * NB_CUDA_WQ_PART, k, eps);
+    }
+    float *d = (float *)dev_upload(h, np * sizeof(float));
+    free(h);
+    return d;
+}
+// Rows [0, n) of an f32 [.][w] device array multiplied by r[row] in place
+// (through the host: the reference the _rs kernels' sums must equal).
+static void scale_rows(float *d, int n, int w, const float *r) {
+    const size_t b = (size_t)n * w * sizeof(float);
+    float *h = (float *)malloc(b);
+    CUDA_OK(cudaMemcpy(h, d, b, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < w; j++) h[(size_t)i * w + j] = h[(size_t)i * w + j] * r[i];
+    CUDA_OK(cudaMemcpy(d, h, b, cudaMemcpyHostToDevice));
+    free(h);
+}
+// The kernel choices (kernel_choice) the norm-scaled and residual forms
+// are built for: the built-in one, the 32-row n <= 8 variants 3 and 4, the
+// two-x-tile variants 0 and 1; choice 1 (the decode kernel off) must be
+// refused.
+static const int kRsKerns[] = {0, 5, 6, 7, 8};
+
 // The gate|up projection with the SwiGLU epilogue (nb_cuda_matmul_wq_swiglu)
 // on gate|up quantized in the SwiGLU row order (nb_cuda_wq_swiglu_row),
 // against the unfused chain on the same rows in model order: the 4-bit
@@ -794,6 +842,51 @@ static void run_swiglu(int I, int k, int nmax) {
     kernel_choice(0, 1);
     printf("swiglu I=%d k=%d: %ld outputs bit-exact against matmul + SwiGLU, worst |err|/tol vs C %.3f\n", I, k,
            checked, worst);
+    // The norm-scaled form (nb_cuda_matmul_wq_swiglu_rs): the same chain
+    // with the f32 gate|up rows multiplied by each row's factor first.
+    {
+        const float eps = 1e-5f;
+        float r[17];
+        const int nr = nmax < 17 ? nmax : 17;
+        float *d_part = rs_parts(nr, k, eps, r);
+        long rs_checked = 0;
+        for (size_t ik = 0; ik < sizeof kRsKerns / sizeof kRsKerns[0]; ik++)
+            for (int n = 1; n <= 16 && n <= nr; n += n < 2 ? 1 : 7) { // 1, 2, 9, 16
+                if (!kernel_choice(kRsKerns[ik], n)) continue;
+                CUDA_OK(cudaMemset(d_a, 0xff, ob));
+                CUDA_OK(cudaMemset(d_b, 0xff, ob));
+                CHECK(nb_cuda_matmul_wq(d_gu, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m, k,
+                                        NULL, 0, 0) == NB_OK);
+                scale_rows((float *)d_gu, n, m, r);
+                const nb_cuda_cvt cvt = {d_b, NB_DTYPE_F16, 1};
+                CHECK(nb_cuda_silu_mul_cvt(NULL, cvt, (const float *)d_gu, (const float *)d_gu + I, m, n, I, 0) ==
+                      NB_OK);
+                CHECK(nb_cuda_matmul_wq_swiglu_rs(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], n, m, k, d_part,
+                                                  eps, 0) == NB_OK);
+                CUDA_OK(cudaDeviceSynchronize());
+                CUDA_OK(cudaMemcpy(ha, d_a, ob, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hb, d_b, ob, cudaMemcpyDeviceToHost));
+                const size_t bytes = (size_t)n * I * 2;
+                long past = 0;
+                for (size_t e = bytes; e < ob; e++) past += ha[e] != 0xff;
+                CHECKF(memcmp(ha, hb, bytes) == 0 && past == 0,
+                       "swiglu_rs I=%d k=%d n=%d kernel=%d: differs from matmul, scale, SwiGLU (%ld bytes past n rows)",
+                       I, k, n, kRsKerns[ik], past);
+                rs_checked += (long)n * I;
+            }
+        kernel_choice(1, 1); // the decode kernel off: refused, nothing launched
+        CHECK(nb_cuda_matmul_wq_swiglu_rs(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 1, m, k, d_part, eps, 0) ==
+              NB_ERR_UNSUPPORTED);
+        kernel_choice(0, 1);
+        if (nmax > 16)
+            CHECK(nb_cuda_matmul_wq_swiglu_rs(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 17, m, k, d_part, eps,
+                                              0) == NB_ERR_UNSUPPORTED);
+        CHECK(nb_cuda_matmul_wq_swiglu_rs(d_a, NB_DTYPE_F16, 1, d_x, NB_DTYPE_F16, &dw[1], 1, m, k, NULL, eps, 0) ==
+              NB_ERR_INVALID_ARG);
+        CUDA_OK(cudaFree(d_part));
+        printf("swiglu_rs I=%d k=%d: %ld outputs bit-exact against matmul, the norm scale and SwiGLU\n", I, k,
+               rs_checked);
+    }
     // Arguments: refused, nothing launched.
     CHECK(nb_cuda_matmul_wq_swiglu(d_a, NB_DTYPE_BF16, 1, d_x, NB_DTYPE_F16, &dw[1], 0, 1, m, k, 0) ==
           NB_ERR_INVALID_ARG); // saturation is an f16 store
@@ -940,6 +1033,48 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     kernel_choice(0, 1);
     printf("rope nh=%d nkv=%d D=%d k=%d cache=%s: %ld q|k|v outputs' stores bit-exact against matmul + "
            "RoPE/KV write\n", nh, nkv, D, k, nb_dtype_name(cdt), checked);
+    // The norm-scaled form (nb_cuda_matmul_wq_rope_rs): the q|k|v rows
+    // multiplied by each row's factor before the rotation and the stores.
+    {
+        const float eps = 1e-5f;
+        float r[17];
+        const int nr = nmax < 17 ? nmax : 17;
+        float *d_part = rs_parts(nr, k, eps, r);
+        long rs_checked = 0;
+        CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
+        for (size_t ik = 0; ik < sizeof kRsKerns / sizeof kRsKerns[0]; ik++)
+            for (int n = 1; n <= 16 && n <= nr; n += n < 2 ? 1 : 7) {
+                if (!kernel_choice(kRsKerns[ik], n)) continue;
+                CUDA_OK(cudaMemset(d_qa, 0xff, qb));
+                CUDA_OK(cudaMemset(d_qf, 0xff, qb));
+                CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
+                CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
+                CHECK(nb_cuda_matmul_wq(d_qkv, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m, k,
+                                        NULL, 0, 0) == NB_OK);
+                scale_rows((float *)d_qkv, n, m, r);
+                const float *qkv = (const float *)d_qkv;
+                CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
+                                            (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
+                const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+                CHECK(nb_cuda_matmul_wq_rope_rs(d_x, NB_DTYPE_F16, &dw[1], n, m, k, &rp, d_part, eps, 0) == NB_OK);
+                bool q_same = false;
+                long diff = 0, written = 0;
+                CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
+                CHECKF(q_same && diff == 0 && written > 0,
+                       "rope_rs D=%d k=%d n=%d kernel=%d: differs from matmul, scale, RoPE/KV write (q %s, %ld pool "
+                       "bytes differ)",
+                       D, k, n, kRsKerns[ik], q_same ? "same" : "differs", diff);
+                rs_checked += (long)n * m;
+            }
+        kernel_choice(1, 1);
+        const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+        CHECK(nb_cuda_matmul_wq_rope_rs(d_x, NB_DTYPE_F16, &dw[1], 1, m, k, &rp, d_part, eps, 0) == NB_ERR_UNSUPPORTED);
+        kernel_choice(0, 1);
+        CHECK(nb_cuda_matmul_wq_rope_rs(d_x, NB_DTYPE_F16, &dw[1], 1, m, k, &rp, NULL, eps, 0) == NB_ERR_INVALID_ARG);
+        CUDA_OK(cudaFree(d_part));
+        printf("rope_rs D=%d k=%d: %ld q|k|v outputs' stores bit-exact against matmul, the norm scale and RoPE/KV "
+               "write\n", D, k, rs_checked);
+    }
     // Arguments: refused, nothing launched.
     nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
     CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, 1, m - D, k, &rp, 0) == NB_ERR_INVALID_ARG);
@@ -970,6 +1105,121 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     free(inv);
     free(ha);
     free(hf);
+}
+
+// The o / down projection adding its output into the residual stream
+// (nb_cuda_matmul_wq_res): against the plain matmul's f32 output on the
+// same kernel choice (the same bits by contract), the new x must be x0 +
+// out bit for bit (nb_cuda_add's rounding), xs the saturating f16 of
+// x * w (bit for bit, one weight large enough to saturate), rows past n
+// untouched, and the partial sums add up to sum(x^2) within 2^-15
+// relative (each an f32 sum of a few dozen squares).
+static void run_res(int m, int k) {
+    const int nmax = 16;
+    int *row_of = (int *)malloc(sizeof(int) * m);
+    for (int j = 0; j < m; j++) row_of[j] = j;
+    char what[64];
+    snprintf(what, sizeof what, "res %dx%d", m, k);
+    moved_wq mq = make_moved_wq(m, k, row_of, what);
+    free(row_of);
+    const size_t nk = (size_t)nmax * k, nm = (size_t)nmax * m;
+    uint16_t *x = (uint16_t *)malloc(nk * 2), *wn = (uint16_t *)malloc((size_t)m * 2);
+    float *x0 = (float *)malloc(nm * 4), *out = (float *)malloc(nm * 4), *hx = (float *)malloc(nm * 4);
+    uint16_t *hxs = (uint16_t *)malloc(nm * 2);
+    float *hp = (float *)malloc((size_t)nmax * NB_CUDA_WQ_PART * 4);
+    for (size_t e = 0; e < nk; e++) nb_store_f32(x, NB_DTYPE_F16, e, (float)(2.0 * urand() - 1.0));
+    for (size_t e = 0; e < nm; e++) x0[e] = (float)(40.0 * urand() - 20.0);
+    for (int j = 0; j < m; j++) nb_store_f32(wn, NB_DTYPE_BF16, (size_t)j, (float)(0.2 + urand()));
+    nb_store_f32(wn, NB_DTYPE_BF16, 3, 30000.0f); // its channel saturates f16
+    void *d_x = dev_upload(x, nk * 2), *d_w = dev_upload(wn, (size_t)m * 2), *d_out = NULL, *d_h = NULL, *d_xs = NULL,
+         *d_p = NULL;
+    CUDA_OK(cudaMalloc(&d_out, nm * 4));
+    CUDA_OK(cudaMalloc(&d_h, nm * 4));
+    CUDA_OK(cudaMalloc(&d_xs, nm * 2));
+    CUDA_OK(cudaMalloc(&d_p, (size_t)nmax * NB_CUDA_WQ_PART * 4));
+    const nb_cuda_wq_res rs = {(float *)d_h, d_w, NB_DTYPE_BF16, (uint16_t *)d_xs, (float *)d_p};
+    long checked = 0;
+    double worst = 0;
+    for (size_t ik = 0; ik < sizeof kRsKerns / sizeof kRsKerns[0]; ik++)
+        for (int n = 1; n <= nmax; n += n < 2 ? 1 : n < 8 ? 3 : n < 9 ? 1 : 7) { // 1, 2, 5, 8, 9, 16
+            if (!kernel_choice(kRsKerns[ik], n)) continue;
+            CHECK(nb_cuda_matmul_wq(d_out, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &mq.dw[0], 0, NULL, NB_DTYPE_F32, n, m, k,
+                                    NULL, 0, 0) == NB_OK);
+            CUDA_OK(cudaMemcpy(d_h, x0, nm * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(d_xs, 0xff, nm * 2));
+            CUDA_OK(cudaMemset(d_p, 0xff, (size_t)nmax * NB_CUDA_WQ_PART * 4));
+            CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, n, m, k, &rs, 0) == NB_OK);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(out, d_out, nm * 4, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hx, d_h, nm * 4, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hxs, d_xs, nm * 2, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hp, d_p, (size_t)nmax * NB_CUDA_WQ_PART * 4, cudaMemcpyDeviceToHost));
+            long bad = 0, bad_xs = 0, past = 0, bad_p = 0;
+            for (size_t e = 0; e < nm; e++) {
+                if (e >= (size_t)n * m) {
+                    past += memcmp(&hx[e], &x0[e], 4) != 0 || hxs[e] != 0xffff;
+                    continue;
+                }
+                const float h = x0[e] + out[e];
+                bad += memcmp(&hx[e], &h, 4) != 0;
+                bad_xs += hxs[e] != nb_f32_to_f16_sat(h * nb_load_f32(wn, NB_DTYPE_BF16, e % m));
+            }
+            for (int i = 0; i < n; i++) {
+                double sp = 0, sr = 0;
+                for (int b = 0; b < NB_CUDA_WQ_PART; b++) {
+                    const float v = hp[(size_t)i * NB_CUDA_WQ_PART + b];
+                    bad_p += !(v >= 0.0f) || !isfinite(v);
+                    sp += v;
+                }
+                for (int j = 0; j < m; j++) sr += (double)hx[(size_t)i * m + j] * hx[(size_t)i * m + j];
+                const double rel = fabs(sp - sr) / sr;
+                bad_p += !(rel <= 0x1p-15);
+                if (rel > worst) worst = rel;
+            }
+            CHECKF(bad == 0 && bad_xs == 0 && past == 0 && bad_p == 0,
+                   "res %dx%d n=%d kernel=%d: %ld x, %ld xs differ from x0 + matmul; %ld past n rows; %ld partial-sum "
+                   "faults",
+                   m, k, n, kRsKerns[ik], bad, bad_xs, past, bad_p);
+            checked += (long)n * m;
+        }
+    kernel_choice(0, 1);
+    printf("res %dx%d: %ld outputs bit-exact against matmul + residual add, partial sums within %.2e of sum(x^2)\n", m,
+           k, checked, worst);
+    // Refused before anything is launched.
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 17, m, k, &rs, 0) ==
+          NB_ERR_UNSUPPORTED);
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_BF16, &mq.dw[0], NULL, NB_DTYPE_F32, 1, m, k, &rs, 0) ==
+          NB_ERR_UNSUPPORTED);
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 1, m, k, NULL, 0) ==
+          NB_ERR_INVALID_ARG);
+    nb_cuda_wq_res bad = rs;
+    bad.x = (float *)d_x; // over the input
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 1, m, k, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    bad = rs;
+    bad.part = (float *)d_xs; // over xs
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 1, m, k, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    bad = rs;
+    bad.w_dt = (nb_dtype)7;
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 1, m, k, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    kernel_choice(1, 1);
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 1, m, k, &rs, 0) ==
+          NB_ERR_UNSUPPORTED);
+    kernel_choice(0, 1);
+    CHECK(nb_cuda_matmul_wq_res(d_x, NB_DTYPE_F16, &mq.dw[0], NULL, NB_DTYPE_F32, 0, m, k, &rs, 0) == NB_OK);
+    CUDA_OK(cudaDeviceSynchronize());
+    free_moved_wq(&mq);
+    void *dfree[] = {d_x, d_w, d_out, d_h, d_xs, d_p};
+    for (void *d : dfree) CUDA_OK(cudaFree(d));
+    free(x);
+    free(wn);
+    free(x0);
+    free(out);
+    free(hx);
+    free(hxs);
+    free(hp);
 }
 
 int main(void) {
@@ -1031,6 +1281,10 @@ int main(void) {
     run_rope(4, 2, 64, 256, NB_DTYPE_F16, 33);
     run_rope(2, 1, 128, 384, NB_DTYPE_F32, 33);
     run_rope(32, 8, 128, 4096, NB_DTYPE_BF16, 17);
+    // The o / down projections' residual form: a Llama-3-8B o projection,
+    // and a small matrix whose last 32-row tile is partly past m.
+    run_res(4096, 4096);
+    run_res(520, 384);
 
     // Argument checks.
     nb_cuda_wq none = {NULL, NULL, NULL};
