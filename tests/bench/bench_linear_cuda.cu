@@ -85,15 +85,16 @@ static int cmp_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// Median microseconds per launch over graph replays.
-static double time_path(const bench_ctx *c, cudaStream_t s, int reps) {
-    const int per = c->copies >= 32 ? c->copies : (32 + c->copies - 1) / c->copies * c->copies;
+// Median microseconds per step over replays of a graph of `steps` steps
+// (step(i) enqueues step i on s; step(0) runs once first, outside the
+// capture: lazy module / cuBLAS initialisation), reps <= 64 of them.
+template <typename Step> static double graph_us(cudaStream_t s, int steps, int reps, Step step) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    launch(c, 0, s); // outside capture: lazy module / cuBLAS initialisation
+    step(0);
     CUDA_OK(cudaStreamSynchronize(s));
     CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < per; i++) launch(c, i % c->copies, s);
+    for (int i = 0; i < steps; i++) step(i);
     CUDA_OK(cudaStreamEndCapture(s, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 3; i++) CUDA_OK(cudaGraphLaunch(exec, s));
@@ -115,7 +116,13 @@ static double time_path(const bench_ctx *c, cudaStream_t s, int reps) {
     cudaEventDestroy(e1);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    return 1000.0 * ms[reps / 2] / per;
+    return 1000.0 * ms[reps / 2] / steps;
+}
+
+// Median microseconds per launch over graph replays.
+static double time_path(const bench_ctx *c, cudaStream_t s, int reps) {
+    const int per = c->copies >= 32 ? c->copies : (32 + c->copies - 1) / c->copies * c->copies;
+    return graph_us(s, per, reps, [&](int i) { launch(c, i % c->copies, s); });
 }
 
 // Device-to-device copy bandwidth (bytes read + bytes written per second).
@@ -306,32 +313,7 @@ static void norm_post_bench(cudaStream_t s) {
                                                           H, s));
                 }
             };
-            step(0);
-            CUDA_OK(cudaStreamSynchronize(s));
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < steps; i++) step(i);
-            CUDA_OK(cudaStreamEndCapture(s, &graph));
-            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-            for (int i = 0; i < 3; i++) CUDA_OK(cudaGraphLaunch(exec, s));
-            cudaEvent_t e0, e1;
-            CUDA_OK(cudaEventCreate(&e0));
-            CUDA_OK(cudaEventCreate(&e1));
-            float ms[reps];
-            for (int r = 0; r < reps; r++) {
-                CUDA_OK(cudaEventRecord(e0, s));
-                CUDA_OK(cudaGraphLaunch(exec, s));
-                CUDA_OK(cudaEventRecord(e1, s));
-                CUDA_OK(cudaEventSynchronize(e1));
-                CUDA_OK(cudaEventElapsedTime(&ms[r], e0, e1));
-            }
-            qsort(ms, reps, sizeof ms[0], cmp_float);
-            t[post] = 1000.0 * ms[reps / 2] / steps;
-            cudaEventDestroy(e0);
-            cudaEventDestroy(e1);
-            cudaGraphExecDestroy(exec);
-            cudaGraphDestroy(graph);
+            t[post] = graph_us(s, steps, reps, step);
         }
         printf("| %d | %.2f | %.2f | %.2f |\n", n, t[0], t[1], t[0] - t[1]);
     }

@@ -999,34 +999,43 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
     CUDA_OK(cudaMalloc(&d_pa, pool_bytes));
     CUDA_OK(cudaMalloc(&d_pf, pool_bytes));
     uint8_t *ha = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb), *hf = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
+    // One call of n rows on the current kernel choice against the unfused
+    // chain: the matmul into f32 rows, with r (the _rs form) each row
+    // multiplied by r[row] on the host, then the separate RoPE + KV write.
+    // The last row of a call of several has its block outside the pool.
+    auto rope_case = [&](int n, int kern, const float *r, const float *d_part, float eps) {
+        CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
+        if (n > 1) CUDA_OK(cudaMemcpy(d_fb + (n - 1), &out_of_pool, 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(d_qkv, 0xff, (size_t)nmax * m * 4));
+        CUDA_OK(cudaMemset(d_qa, 0xff, qb));
+        CUDA_OK(cudaMemset(d_qf, 0xff, qb));
+        CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
+        CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
+        CHECK(nb_cuda_matmul_wq(d_qkv, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m, k, NULL,
+                                0, 0) == NB_OK);
+        if (r) scale_rows((float *)d_qkv, n, m, r);
+        const float *qkv = (const float *)d_qkv;
+        CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
+                                    (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
+        const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+        CHECK((r ? nb_cuda_matmul_wq_rope_rs(d_x, NB_DTYPE_F16, &dw[1], n, m, k, &rp, d_part, eps, 0)
+                 : nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, n, m, k, &rp, 0)) == NB_OK);
+        bool q_same = false;
+        long diff = 0, written = 0;
+        CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
+        CHECKF(q_same && diff == 0 && written > 0,
+               "rope%s nh=%d nkv=%d D=%d k=%d cache=%s n=%d kernel=%d: fused differs from matmul%s + RoPE/KV write "
+               "(q %s, %ld pool bytes differ, %ld written)",
+               r ? "_rs" : "", nh, nkv, D, k, nb_dtype_name(cdt), n, kern, r ? ", the norm scale" : "",
+               q_same ? "same" : "differs", diff, written);
+    };
     const int ns[] = {1, 3, 4, 8, 9, 12, 16, 17, 33};
     long checked = 0;
     for (int kern = 0; kern < kKernChoices; kern++) {
         for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
             const int n = ns[in];
             if (n > nmax || !kernel_choice(kern, n)) continue;
-            // The last row of a call of several has its block outside the pool.
-            CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
-            if (n > 1) CUDA_OK(cudaMemcpy(d_fb + (n - 1), &out_of_pool, 4, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemset(d_qkv, 0xff, (size_t)nmax * m * 4));
-            CUDA_OK(cudaMemset(d_qa, 0xff, qb));
-            CUDA_OK(cudaMemset(d_qf, 0xff, qb));
-            CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
-            CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
-            CHECK(nb_cuda_matmul_wq(d_qkv, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m, k, NULL,
-                                    0, 0) == NB_OK);
-            const float *qkv = (const float *)d_qkv;
-            CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
-                                        (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
-            const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
-            CHECK(nb_cuda_matmul_wq_rope(d_x, NB_DTYPE_F16, &dw[1], 0, n, m, k, &rp, 0) == NB_OK);
-            bool q_same = false;
-            long diff = 0, written = 0;
-            CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
-            CHECKF(q_same && diff == 0 && written > 0,
-                   "rope nh=%d nkv=%d D=%d k=%d cache=%s n=%d kernel=%d: fused differs from matmul + RoPE/KV write "
-                   "(q %s, %ld pool bytes differ, %ld written)",
-                   nh, nkv, D, k, nb_dtype_name(cdt), n, kern, q_same ? "same" : "differs", diff, written);
+            rope_case(n, kern, NULL, NULL, 0.0f);
             checked += (long)n * m;
         }
     }
@@ -1041,32 +1050,14 @@ static void run_rope(int nh, int nkv, int D, int k, nb_dtype cdt, int nmax) {
         const int nr = nmax < 17 ? nmax : 17;
         float *d_part = rs_parts(nr, k, eps, r);
         long rs_checked = 0;
-        CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
         for (size_t ik = 0; ik < sizeof kRsKerns / sizeof kRsKerns[0]; ik++)
             for (int n = 1; n <= 16 && n <= nr; n += n < 2 ? 1 : 7) {
                 if (!kernel_choice(kRsKerns[ik], n)) continue;
-                CUDA_OK(cudaMemset(d_qa, 0xff, qb));
-                CUDA_OK(cudaMemset(d_qf, 0xff, qb));
-                CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
-                CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
-                CHECK(nb_cuda_matmul_wq(d_qkv, NB_DTYPE_F32, d_x, NB_DTYPE_F16, &dw[0], 0, NULL, NB_DTYPE_F32, n, m, k,
-                                        NULL, 0, 0) == NB_OK);
-                scale_rows((float *)d_qkv, n, m, r);
-                const float *qkv = (const float *)d_qkv;
-                CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
-                                            (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
-                const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
-                CHECK(nb_cuda_matmul_wq_rope_rs(d_x, NB_DTYPE_F16, &dw[1], n, m, k, &rp, d_part, eps, 0) == NB_OK);
-                bool q_same = false;
-                long diff = 0, written = 0;
-                CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
-                CHECKF(q_same && diff == 0 && written > 0,
-                       "rope_rs D=%d k=%d n=%d kernel=%d: differs from matmul, scale, RoPE/KV write (q %s, %ld pool "
-                       "bytes differ)",
-                       D, k, n, kRsKerns[ik], q_same ? "same" : "differs", diff);
+                rope_case(n, kRsKerns[ik], r, d_part, eps);
                 rs_checked += (long)n * m;
             }
         kernel_choice(1, 1);
+        CUDA_OK(cudaMemcpy(d_fb, fb, 4 * nmax, cudaMemcpyHostToDevice));
         const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
         CHECK(nb_cuda_matmul_wq_rope_rs(d_x, NB_DTYPE_F16, &dw[1], 1, m, k, &rp, d_part, eps, 0) == NB_ERR_UNSUPPORTED);
         kernel_choice(0, 1);
