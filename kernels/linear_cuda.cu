@@ -1782,9 +1782,12 @@ extern "C" int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k) {
 // The launch shared by nb_cuda_matmul_dense_ri and its SwiGLU and RoPE
 // forms (epi; rope: the RoPE form's stores): arguments checked by the
 // caller but for the workspace (the RoPE form's partial sums: S >= 1).
+// rs_part (the _rs forms; else NULL): x's rows' partial sums of squares;
+// res (the residual form, epi kDrRope's matmul; else NULL).
 static nb_status dense_ri_run(void *out, nb_dtype out_dt, bool sat, const void *x, const void *w, nb_dtype dt,
                               const void *bias, nb_dtype bias_dt, int n, int m, int k, void *workspace,
-                              size_t workspace_bytes, int epi, const nb_cuda_wq_rope *rope, cudaStream_t stream) {
+                              size_t workspace_bytes, int epi, const nb_cuda_wq_rope *rope, cudaStream_t stream,
+                              const float *rs_part = nullptr, float eps = 0.0f, const nb_cuda_dr_res *res = nullptr) {
     cudaError_t err;
     int dev = 0;
     const int sms = sm_count(&dev, &err);
@@ -1802,18 +1805,24 @@ static nb_status dense_ri_run(void *out, nb_dtype out_dt, bool sat, const void *
     p.k = k;
     p.S = dr_split(m, k, sms);
     p.tiles = (m + kDrBM - 1) / kDrBM;
+    p.rs_part = rs_part;
+    p.rs_eps = eps;
+    p.rs_np = nb_cuda_dr_parts(k);
     if (p.S > 1 || epi == kDrRope) {
         if (!workspace || ((uintptr_t)workspace & 15) || workspace_bytes < (size_t)p.S * n * m * sizeof(float))
             return NB_ERR_INVALID_ARG;
         p.part = static_cast<float *>(workspace);
     }
     const bool h = dt == NB_DTYPE_F16;
-    if (epi == kDrSwiglu)
+    if (epi == kDrSwiglu && rs_part && p.S == 1)
+        err = h ? launch_dense_ri<__half, kDrSwiglu, true>(p, nullptr, stream)
+                : launch_dense_ri<__nv_bfloat16, kDrSwiglu, true>(p, nullptr, stream);
+    else if (epi == kDrSwiglu)
         err = h ? launch_dense_ri<__half, kDrSwiglu>(p, nullptr, stream)
                 : launch_dense_ri<__nv_bfloat16, kDrSwiglu>(p, nullptr, stream);
     else if (epi == kDrRope)
-        err = h ? launch_dense_ri<__half, kDrRope>(p, rope, stream)
-                : launch_dense_ri<__nv_bfloat16, kDrRope>(p, rope, stream);
+        err = h ? launch_dense_ri<__half, kDrRope>(p, rope, stream, res)
+                : launch_dense_ri<__nv_bfloat16, kDrRope>(p, rope, stream, res);
     else
         err = h ? launch_dense_ri<__half>(p, nullptr, stream) : launch_dense_ri<__nv_bfloat16>(p, nullptr, stream);
     return err == cudaSuccess ? NB_OK : NB_ERR_BACKEND;
@@ -1833,9 +1842,10 @@ extern "C" nb_status nb_cuda_matmul_dense_ri(void *out, nb_dtype out_dt, const v
                         nullptr, stream);
 }
 
-extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu(void *out, nb_dtype out_dt, int sat, const void *x,
-                                                    const void *w, nb_dtype dt, int n, int m, int k,
-                                                    void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+// The SwiGLU form, with (part) or without the norm scale.
+static nb_status dense_swiglu(void *out, nb_dtype out_dt, int sat, const void *x, const void *w, nb_dtype dt, int n,
+                              int m, int k, void *workspace, size_t workspace_bytes, const float *part, float eps,
+                              cudaStream_t stream) {
     if (n < 0 || m < 0 || m % 16 || !nb_cuda_matmul_dense_ri_supported(dt, k) || !io_dtype_ok(out_dt) ||
         (sat && out_dt != NB_DTYPE_F16))
         return NB_ERR_INVALID_ARG;
@@ -1846,7 +1856,21 @@ extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu(void *out, nb_dtype out_dt, 
     const uintptr_t x0 = (uintptr_t)x, x1 = x0 + (size_t)n * k * nb_dtype_size(dt);
     if (o0 < x1 && x0 < o1) return NB_ERR_INVALID_ARG;
     return dense_ri_run(out, out_dt, sat != 0, x, w, dt, NULL, NB_DTYPE_F32, n, m, k, workspace, workspace_bytes,
-                        kDrSwiglu, nullptr, stream);
+                        kDrSwiglu, nullptr, stream, part, eps);
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu(void *out, nb_dtype out_dt, int sat, const void *x,
+                                                    const void *w, nb_dtype dt, int n, int m, int k,
+                                                    void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+    return dense_swiglu(out, out_dt, sat, x, w, dt, n, m, k, workspace, workspace_bytes, nullptr, 0.0f, stream);
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_swiglu_rs(void *out, nb_dtype out_dt, int sat, const void *x,
+                                                       const void *w, nb_dtype dt, int n, int m, int k,
+                                                       void *workspace, size_t workspace_bytes, const float *part,
+                                                       float eps, cudaStream_t stream) {
+    if (!part && n > 0 && m > 0) return NB_ERR_INVALID_ARG;
+    return dense_swiglu(out, out_dt, sat, x, w, dt, n, m, k, workspace, workspace_bytes, part, eps, stream);
 }
 
 extern "C" size_t nb_cuda_matmul_dense_ri_rope_workspace_bytes(int n, int m, int k) {
@@ -1854,10 +1878,10 @@ extern "C" size_t nb_cuda_matmul_dense_ri_rope_workspace_bytes(int n, int m, int
     return n > 0 && m > 0 && S > 0 ? (size_t)S * n * m * sizeof(float) : 0;
 }
 
-extern "C" nb_status nb_cuda_matmul_dense_ri_rope(const void *x, const void *w, nb_dtype dt, const void *bias,
-                                                  nb_dtype bias_dt, int n, int m, int k, void *workspace,
-                                                  size_t workspace_bytes, const nb_cuda_wq_rope *r,
-                                                  cudaStream_t stream) {
+// The RoPE form, with (part) or without the norm scale.
+static nb_status dense_rope(const void *x, const void *w, nb_dtype dt, const void *bias, nb_dtype bias_dt, int n,
+                            int m, int k, void *workspace, size_t workspace_bytes, const nb_cuda_wq_rope *r,
+                            const float *part, float eps, cudaStream_t stream) {
     if (n < 0 || m < 0 || !r || !nb_cuda_matmul_dense_ri_supported(dt, k) || (bias && !io_dtype_ok(bias_dt)))
         return NB_ERR_INVALID_ARG;
     const nb_kv_layout &L = r->lay;
@@ -1875,5 +1899,45 @@ extern "C" nb_status nb_cuda_matmul_dense_ri_rope(const void *x, const void *w, 
     const uintptr_t w0 = (uintptr_t)workspace, w1 = w0 + workspace_bytes;
     if (workspace && o0 < w1 && w0 < o1) return NB_ERR_INVALID_ARG;
     return dense_ri_run(nullptr, NB_DTYPE_F32, false, x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes,
-                        kDrRope, r, stream);
+                        kDrRope, r, stream, part, eps);
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_rope(const void *x, const void *w, nb_dtype dt, const void *bias,
+                                                  nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                                  size_t workspace_bytes, const nb_cuda_wq_rope *r,
+                                                  cudaStream_t stream) {
+    return dense_rope(x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes, r, nullptr, 0.0f, stream);
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_rope_rs(const void *x, const void *w, nb_dtype dt, const void *bias,
+                                                     nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                                     size_t workspace_bytes, const nb_cuda_wq_rope *r,
+                                                     const float *part, float eps, cudaStream_t stream) {
+    if (!part && n > 0) return NB_ERR_INVALID_ARG;
+    return dense_rope(x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes, r, part, eps, stream);
+}
+
+extern "C" nb_status nb_cuda_matmul_dense_ri_res(const void *x, const void *w, nb_dtype dt, const void *bias,
+                                                 nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                                 size_t workspace_bytes, const nb_cuda_dr_res *res,
+                                                 cudaStream_t stream) {
+    if (n < 0 || m < 0 || !res || !nb_cuda_matmul_dense_ri_supported(dt, k) || (bias && !io_dtype_ok(bias_dt)) ||
+        (res->w_dt != NB_DTYPE_F32 && res->w_dt != NB_DTYPE_F16 && res->w_dt != NB_DTYPE_BF16))
+        return NB_ERR_INVALID_ARG;
+    if (n == 0 || m == 0) return NB_OK;
+    if (!x || !w || ((uintptr_t)x & 15) || ((uintptr_t)w & 15) || !res->x || !res->w || !res->xs || !res->part ||
+        ((uintptr_t)res->x & 15) || ((uintptr_t)res->xs & 7))
+        return NB_ERR_INVALID_ARG;
+    if (m % 4) return NB_ERR_UNSUPPORTED; // the reduction's 4-column threads
+    // NOTE: what the reduction stores must not overlap what it or the
+    // matmul reads (x, the partial sums) or each other.
+    const uintptr_t a[5] = {(uintptr_t)x, (uintptr_t)res->x, (uintptr_t)res->xs, (uintptr_t)res->part,
+                            (uintptr_t)workspace};
+    const size_t len[5] = {(size_t)n * k * nb_dtype_size(dt), (size_t)n * m * 4, (size_t)n * m * nb_dtype_size(dt),
+                           (size_t)n * nb_cuda_dr_parts(m) * 4, workspace ? workspace_bytes : 0};
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++)
+            if (a[i] < a[j] + len[j] && a[j] < a[i] + len[i]) return NB_ERR_INVALID_ARG;
+    return dense_ri_run(nullptr, NB_DTYPE_F32, false, x, w, dt, bias, bias_dt, n, m, k, workspace, workspace_bytes,
+                        kDrRope, nullptr, stream, nullptr, 0.0f, res);
 }

@@ -394,6 +394,48 @@ nb_status nb_cuda_matmul_dense_ri_rope(const void *x /*[n][k] dt*/, const void *
 // Workspace bytes of nb_cuda_matmul_dense_ri_rope for n rows (0 if the shape
 // is unsupported).
 size_t nb_cuda_matmul_dense_ri_rope_workspace_bytes(int n, int m, int k);
+// The RMSNorm between two of the target's row-invariant matmuls scaled
+// after the second (the dense twins of nb_cuda_matmul_wq_res / _rs above;
+// the same identity RMSNorm(h) . W^T = r * ((h * w) . W^T)). The residual
+// form: the plain form's f32 outputs (the same bits, S >= 1 through its
+// reduction) added into res->x in place (nb_cuda_add's rounding), res->xs
+// = h * w in dt (f16 saturating, bf16 rounded to nearest even), and per row
+// one partial sum of h^2 for each NB_CUDA_DR_PART_COLS columns (part[i][b]:
+// columns 1024 b .. 1024 b + 1023, a fixed order within). The _rs forms
+// multiply each x row's f32 sums by r_i = 1 / sqrt(sum_b part[i][b] / k +
+// eps), the partials added in order b = 0, 1, ..., before their epilogue
+// (and before the bias). A row's bits depend on that row alone, as the
+// plain form's. Not the launched norm's bits (x is rounded as h * w instead
+// of (h * r) * w).
+#define NB_CUDA_DR_PART_COLS 1024
+// Partial sums per row of a norm over m channels.
+static inline int nb_cuda_dr_parts(int m) { return (m + NB_CUDA_DR_PART_COLS - 1) / NB_CUDA_DR_PART_COLS; }
+typedef struct nb_cuda_dr_res {
+    float *x;      // [n][m] f32, the residual stream: x += the matmul's output, in place (16-byte aligned)
+    const void *w; // [m] w_dt (f32, f16 or bf16): the next RMSNorm's weights
+    nb_dtype w_dt;
+    void *xs;      // [n][m] dt: h * w (8-byte aligned)
+    float *part;   // [n][nb_cuda_dr_parts(m)] f32
+} nb_cuda_dr_res;
+// workspace: nb_cuda_matmul_dense_ri_rope_workspace_bytes(n, m, k) (the
+// partial sums go through it whatever S). Returns NB_OK;
+// NB_ERR_INVALID_ARG (as nb_cuda_matmul_dense_ri, a NULL or misaligned res
+// pointer, an unknown w_dt, res's buffers overlapping x, the workspace or
+// each other); NB_ERR_UNSUPPORTED (m % 4 != 0; nothing launched);
+// NB_ERR_BACKEND.
+nb_status nb_cuda_matmul_dense_ri_res(const void *x /*[n][k] dt*/, const void *w /*[m][k] dt*/, nb_dtype dt,
+                                      const void *bias, nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                      size_t workspace_bytes, const nb_cuda_dr_res *res, cudaStream_t stream);
+// nb_cuda_matmul_dense_ri_swiglu / _rope with the norm scale; part: [n]
+// [nb_cuda_dr_parts(k)], a residual form's over these rows (x: its xs). The
+// same returns, and NB_ERR_INVALID_ARG for a NULL part.
+nb_status nb_cuda_matmul_dense_ri_swiglu_rs(void *out, nb_dtype out_dt, int sat, const void *x, const void *w,
+                                            nb_dtype dt, int n, int m, int k, void *workspace, size_t workspace_bytes,
+                                            const float *part, float eps, cudaStream_t stream);
+nb_status nb_cuda_matmul_dense_ri_rope_rs(const void *x, const void *w, nb_dtype dt, const void *bias,
+                                          nb_dtype bias_dt, int n, int m, int k, void *workspace,
+                                          size_t workspace_bytes, const nb_cuda_wq_rope *r, const float *part,
+                                          float eps, cudaStream_t stream);
 // 1 when nb_cuda_matmul_dense_ri takes this dtype and k, else 0.
 int nb_cuda_matmul_dense_ri_supported(nb_dtype dt, int k);
 // Workspace bytes for n rows of an [m][k] matrix (0 when S == 1 or the

@@ -43,6 +43,19 @@
 // followed by the SwiGLU kernel, with no f32 gate|up rows in memory and no
 // SwiGLU launch.
 //
+// The RMSNorm scaled after the matmul (the target's norm_post, as
+// linear_cuda.h's nb_cuda_matmul_wq_res / _rs forms are the draft's): the
+// residual form (nb_cuda_matmul_dense_ri_res) always stores its partial
+// sums, and its reduction kernel (dense_ri_reduce_res_kernel) adds each
+// output, in split order and with the bias as the plain reduction does, into
+// the residual stream x, stores x * w (the next norm's weights) as the
+// matmul's dtype, and each block's sum of x^2 over its 1,024 columns of one
+// row. The norm-scaled SwiGLU and RoPE forms (p.rs_part) multiply each x
+// row's sums by r = 1 / sqrt(sum / k + eps), the row's partials added in
+// column order, before their epilogue: in the SwiGLU form's accumulators
+// when S == 1 (dense_ri_kernel's RS), else in the reductions. Every step is
+// per row in an order fixed by (m, k): row invariant as the plain form.
+//
 // Programmatic dependent launch: the first stages' weights are requested
 // before griddepcontrol.wait (weights never depend on an earlier kernel);
 // x, the workspace, the bias and the output only after it. A block triggers
@@ -66,7 +79,19 @@ struct DrParams {
     int sat;             // kDrSwiglu: f16 output saturating
     int n, m, k;
     int S, tiles;
+    const float *rs_part; // the _rs forms: [n][rs_np] partial sums of squares of x's rows, else NULL
+    float rs_eps;
+    int rs_np;            // nb_cuda_dr_parts(k)
 };
+
+// The RMSNorm factor of x row i for the _rs forms: its partial sums of
+// squares added in column order, then 1 / sqrt(sum / k + eps).
+__device__ __forceinline__ float dr_rs_factor(const DrParams &p, size_t i) {
+    const float *q = p.rs_part + i * (size_t)p.rs_np;
+    float a = __ldcg(q);
+    for (int b = 1; b < p.rs_np; b++) a = __fadd_rn(a, __ldcg(q + b));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(a, (float)p.k), p.rs_eps)));
+}
 
 template <int NX> __host__ __device__ constexpr int dr_stage_bytes() { return (kDrBM + 8 * NX) * kDrBK * 2; }
 // Ring stages: ~100 KB per block, so at most two blocks share an SM.
@@ -86,9 +111,11 @@ __device__ __forceinline__ uint32_t dr_sw(int r, int c) { return (uint32_t)(r * 
 // Grid: (tiles * S, ceil(n / (8 NX))); block: kThreads; dynamic shared
 // memory dr_smem_bytes<NX>(). Needs k % 64 == 0, 16-byte aligned x and w
 // (kDrSwiglu: m % 16 == 0, no bias; out is [n][m/2]. kDrRope: partial
-// sums whatever S).
-template <typename T, int NX, int EPI>
+// sums whatever S). RS (kDrSwiglu with S == 1 only): each x row's sums
+// scaled by its RMSNorm factor (dr_rs_factor) before the SwiGLU.
+template <typename T, int NX, int EPI, bool RS = false>
 __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p) {
+    static_assert(!RS || EPI == kDrSwiglu, "the norm scale in the accumulators: the SwiGLU form");
     extern __shared__ __align__(128) unsigned char dr_smem[];
     constexpr int XR = 8 * NX;               // x rows per block
     constexpr int kW = kDrBM * kDrBK * 2;    // weight bytes per stage
@@ -148,6 +175,12 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
         if (st < nk) load_x(st);
         cp_commit();
     }
+    // RS: the rows' factors, read while the first stages land (the loop's
+    // barriers publish them before the epilogue).
+    __shared__ float rsh[RS ? XR : 1];
+    if constexpr (RS) {
+        if (tid < XR) rsh[tid] = n0 + tid < p.n ? dr_rs_factor(p, (size_t)(n0 + tid)) : 0.0f;
+    }
     if (nk <= kDrST - 1) nb_pdl::trigger();
 
     float acc[NX][4];
@@ -195,9 +228,14 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     const int xr = n0 + nx * 8 + 2 * t + i;
+                    float gv = acc[nx][i], uv = acc[nx][i + 2];
+                    if constexpr (RS) {
+                        const float r = rsh[nx * 8 + 2 * t + i];
+                        gv = __fmul_rn(gv, r);
+                        uv = __fmul_rn(uv, r);
+                    }
                     if (row < p.m && xr < p.n)
-                        swiglu_store(p.out, p.out_dt, p.sat, (size_t)xr * (p.m / 2) + (row >> 4) * 8 + g,
-                                     acc[nx][i], acc[nx][i + 2]);
+                        swiglu_store(p.out, p.out_dt, p.sat, (size_t)xr * (p.m / 2) + (row >> 4) * 8 + g, gv, uv);
                 }
             return;
         }
@@ -295,6 +333,11 @@ __global__ void __launch_bounds__(256) dense_ri_reduce_swiglu_kernel(const DrPar
     const size_t cg = xr * p.m + (size_t)(j >> 3) * 16 + (j & 7);
     float g[4], u[4];
     dr_sum_pair4(p, cg, cg + 8, g, u);
+    if (p.rs_part) { // the _rs form: the row's RMSNorm factor first
+        const float r = dr_rs_factor(p, xr);
+#pragma unroll
+        for (int w = 0; w < 4; w++) g[w] = __fmul_rn(g[w], r), u[w] = __fmul_rn(u[w], r);
+    }
 #pragma unroll
     for (int w = 0; w < 4; w++) swiglu_store(p.out, p.out_dt, p.sat, e + w, g[w], u[w]);
 }
@@ -314,14 +357,67 @@ __global__ void __launch_bounds__(256) dense_ri_reduce_rope_kernel(const DrParam
     float x0[4], x1[4];
     dr_sum_pair4(p, c0, c0 + h, x0, x1);
     const int row0 = hd * D + d;
+    const float rf = p.rs_part ? dr_rs_factor(p, (size_t)i) : 1.0f; // the _rs form: the row's RMSNorm factor
 #pragma unroll
     for (int w = 0; w < 4; w++) {
         float v0 = x0[w], v1 = x1[w];
+        if (p.rs_part) v0 = __fmul_rn(v0, rf), v1 = __fmul_rn(v1, rf);
         if (p.bias) {
             v0 += load_any(p.bias, p.bias_dt, row0 + w);
             v1 += load_any(p.bias, p.bias_dt, row0 + w + h);
         }
         store_rope_pair(r, i, hd, d + w, v0, v1);
+    }
+}
+
+// The residual form's reduction (nb_cuda_matmul_dense_ri_res). Block (b,
+// i): columns 1024 b .. 1024 b + 1023 of x row i, 4 a thread (m % 4 == 0).
+// Each output is the plain reduction's f32 value (the S partials in split
+// order, then the bias); h = x + that, stored back into x; xs = h * w in
+// T (f16 saturating); the block's sum of h^2 (each thread's 4 in order, the
+// warp's fixed butterfly, the 8 warps in order) into r.part[i][b].
+template <typename T> __global__ void __launch_bounds__(256) dense_ri_reduce_res_kernel(const DrParams p, const nb_cuda_dr_res r) {
+    nb_pdl::trigger();
+    nb_pdl::wait();
+    const int i = (int)blockIdx.y, c = (int)blockIdx.x * NB_CUDA_DR_PART_COLS + (int)threadIdx.x * 4;
+    float ss = 0.0f;
+    if (c < p.m) {
+        const size_t e = (size_t)i * p.m + c, stride = (size_t)p.n * p.m;
+        float4 q[kDrMaxSplit];
+#pragma unroll
+        for (int s = 0; s < kDrMaxSplit; s++)
+            if (s < p.S) q[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + e));
+        float v[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+#pragma unroll
+        for (int s = 1; s < kDrMaxSplit; s++)
+            if (s < p.S) v[0] += q[s].x, v[1] += q[s].y, v[2] += q[s].z, v[3] += q[s].w;
+        const float4 x4 = *reinterpret_cast<const float4 *>(r.x + e);
+        const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+        float h[4];
+        uint16_t hs[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            float o = v[w];
+            if (p.bias) o += load_any(p.bias, p.bias_dt, c + w);
+            h[w] = __fadd_rn(xv[w], o);
+            const float hw = __fmul_rn(h[w], load_any(r.w, (int)r.w_dt, c + w));
+            if constexpr (std::is_same<T, __half>::value) hs[w] = nb_dt::f32_to_f16_sat(hw);
+            else hs[w] = nb_dt::f32_to_bf16(hw);
+            ss = __fadd_rn(ss, __fmul_rn(h[w], h[w]));
+        }
+        *reinterpret_cast<float4 *>(r.x + e) = make_float4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(r.xs) + e) =
+            make_uint2((uint32_t)hs[0] | ((uint32_t)hs[1] << 16), (uint32_t)hs[2] | ((uint32_t)hs[3] << 16));
+    }
+    __shared__ float wsum[8];
+    ss = warp_sum_fixed(ss);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float a = wsum[0];
+#pragma unroll
+        for (int w = 1; w < 8; w++) a = __fadd_rn(a, wsum[w]);
+        r.part[(size_t)i * ((p.m + NB_CUDA_DR_PART_COLS - 1) / NB_CUDA_DR_PART_COLS) + blockIdx.x] = a;
     }
 }
 
@@ -345,9 +441,10 @@ int dr_split(int m, int k, int sms) {
     return S < 1 ? 1 : S;
 }
 
-template <typename T, int NX, int EPI>
-cudaError_t launch_dense_ri_k(const DrParams &p, const nb_cuda_wq_rope *rope, cudaStream_t stream) {
-    constexpr auto kern = dense_ri_kernel<T, NX, EPI>;
+template <typename T, int NX, int EPI, bool RS>
+cudaError_t launch_dense_ri_k(const DrParams &p, const nb_cuda_wq_rope *rope, const nb_cuda_dr_res *res,
+                             cudaStream_t stream) {
+    constexpr auto kern = dense_ri_kernel<T, NX, EPI, RS>;
     static bool attr_set[kMaxDev];
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -361,6 +458,10 @@ cudaError_t launch_dense_ri_k(const DrParams &p, const nb_cuda_wq_rope *rope, cu
     err = nb_pdl::launch(kern, dim3((unsigned)(p.tiles * p.S), (unsigned)((p.n + 8 * NX - 1) / (8 * NX))),
                          dim3(kThreads), dr_smem_bytes<NX>(), stream, pdl, p);
     if (err != cudaSuccess) return err;
+    if (res) // the residual form (the kDrRope matmul: partial sums whatever S)
+        return nb_pdl::launch(dense_ri_reduce_res_kernel<T>,
+                              dim3((unsigned)((p.m + NB_CUDA_DR_PART_COLS - 1) / NB_CUDA_DR_PART_COLS), (unsigned)p.n),
+                              dim3(256), 0, stream, pdl, p, *res);
     if constexpr (EPI == kDrRope) {
         const size_t threads = (size_t)p.n * (p.m / 8);
         return nb_pdl::launch(dense_ri_reduce_rope_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0,
@@ -379,11 +480,14 @@ cudaError_t launch_dense_ri_k(const DrParams &p, const nb_cuda_wq_rope *rope, cu
               : nb_pdl::launch(dense_ri_reduce_kernel<false>, grid, dim3(256), 0, stream, pdl, p);
 }
 
-// rope: the RoPE form's stores (EPI == kDrRope), else NULL.
-template <typename T, int EPI = kDrPlain>
-cudaError_t launch_dense_ri(const DrParams &p, const nb_cuda_wq_rope *rope, cudaStream_t stream) {
-    if (p.n <= 8) return launch_dense_ri_k<T, 1, EPI>(p, rope, stream);
-    if (p.n <= 16) return launch_dense_ri_k<T, 2, EPI>(p, rope, stream);
-    if (p.n <= 32) return launch_dense_ri_k<T, 4, EPI>(p, rope, stream);
-    return launch_dense_ri_k<T, 8, EPI>(p, rope, stream);
+// rope: the RoPE form's stores (EPI == kDrRope), else NULL. res: the
+// residual form (EPI == kDrRope's matmul, then its own reduction), else
+// NULL. RS: the SwiGLU form's norm scale in the accumulators (S == 1).
+template <typename T, int EPI = kDrPlain, bool RS = false>
+cudaError_t launch_dense_ri(const DrParams &p, const nb_cuda_wq_rope *rope, cudaStream_t stream,
+                            const nb_cuda_dr_res *res = nullptr) {
+    if (p.n <= 8) return launch_dense_ri_k<T, 1, EPI, RS>(p, rope, res, stream);
+    if (p.n <= 16) return launch_dense_ri_k<T, 2, EPI, RS>(p, rope, res, stream);
+    if (p.n <= 32) return launch_dense_ri_k<T, 4, EPI, RS>(p, rope, res, stream);
+    return launch_dense_ri_k<T, 8, EPI, RS>(p, rope, res, stream);
 }

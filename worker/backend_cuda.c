@@ -195,12 +195,16 @@ typedef struct cuda_backend {
     float *x, *xb, *q, *k, *v, *att, *gate, *up, *tmp, *xl, *logits;
     // The RMSNorm scaled after the fused draft matmul instead of launched
     // (norm_post; NB_NORM_POST=0: off): the o / down projection before it
-    // adds its output into x and stores x * w as f16 (xs, [NB_POST_ROWS][H])
-    // and its blocks' partial sums of x^2 (part), which the fused matmul
-    // after it reads (nb_cuda_matmul_wq_res, _swiglu_rs, _rope_rs).
+    // adds its output into x and stores x * w as f16 (xs) and its blocks'
+    // partial sums of x^2 (part), which the fused matmul after it reads
+    // (nb_cuda_matmul_wq_res, _swiglu_rs, _rope_rs). The target's step
+    // passes likewise on the row-invariant dense matmuls (dnorm_post;
+    // NB_DENSE_NORM_POST=0: off): xs in adt, part [R][nb_cuda_dr_parts(H)]
+    // (nb_cuda_matmul_dense_ri_res, _swiglu_rs, _rope_rs). xs and part
+    // hold max(NB_POST_ROWS, Rp) rows.
     uint16_t *xs;
     float *part;
-    bool norm_post;
+    bool norm_post, dnorm_post;
     long norm_posts; // such norms enqueued (nb_backend_cuda_norm_posts)
     float *qkv;        // [Rp][Hq + 2*Hkv] fused q/k/v projection output (fqkv)
     bool fqkv, fgu;    // q/k/v and gate/up run as one matmul each (every layer)
@@ -956,8 +960,10 @@ static nb_status swiglu_stage(cuda_backend *be, const void *x, int n, const dlin
 // nb_cuda_rope_write_kv would store them (nb_cuda_matmul_dense_ri_rope),
 // with the pass's (cos, sin) table be->rope_cs, in RI_SLICE-row calls as
 // lin_run makes them. The caller checked dense_rope_takes().
+// part (else NULL): the rows' partial sums of squares for the norm scaled
+// after the matmul (nb_cuda_matmul_dense_ri_rope_rs; x: dpost_stage's xs).
 static nb_status dense_rope_stage(cuda_backend *be, const void *x, int n, const dlin *L, int layer,
-                                  const int32_t *fpblock, const int32_t *slot) {
+                                  const int32_t *fpblock, const int32_t *slot, const float *part) {
     const nb_model_config *mc = be->mc;
     const int D = mc->head_dim, Hq = mc->n_heads * D;
     const size_t xrow = (size_t)L->k * nb_dtype_size(be->adt);
@@ -965,9 +971,13 @@ static nb_status dense_rope_stage(cuda_backend *be, const void *x, int n, const 
         const int rows = n - r < RI_SLICE ? n - r : RI_SLICE;
         const nb_cuda_wq_rope rp = {be->q + (size_t)r * Hq, be->rope_cs + (size_t)r * D, be->pools.fp, fpblock + r,
                                     slot + r,                be->lay,                      layer,        mc->n_heads};
-        nb_status st = nb_cuda_matmul_dense_ri_rope((const uint8_t *)x + (size_t)r * xrow, L->w, be->adt, L->bias,
-                                                    L->bias_dt, rows, L->m, L->k, be->ri_ws, be->ri_ws_bytes, &rp,
-                                                    be->stream);
+        const uint8_t *xr = (const uint8_t *)x + (size_t)r * xrow;
+        nb_status st =
+            part ? nb_cuda_matmul_dense_ri_rope_rs(xr, L->w, be->adt, L->bias, L->bias_dt, rows, L->m, L->k, be->ri_ws,
+                                                   be->ri_ws_bytes, &rp, part + (size_t)r * nb_cuda_dr_parts(L->k),
+                                                   mc->rms_norm_eps, be->stream)
+                 : nb_cuda_matmul_dense_ri_rope(xr, L->w, be->adt, L->bias, L->bias_dt, rows, L->m, L->k, be->ri_ws,
+                                                be->ri_ws_bytes, &rp, be->stream);
         if (st != NB_OK) return st;
     }
     return NB_OK;
@@ -984,16 +994,22 @@ static bool dense_rope_takes(const cuda_backend *be, const dlayer *L, nb_fwd_mod
 // the same bits (nb_cuda_matmul_dense_ri_swiglu), in RI_SLICE-row calls as
 // lin_run makes them. It goes to be->gate (the idle f32 gate|up rows), not
 // to xa_d, where x is. The caller checked dense_swiglu_takes().
+// part: as dense_rope_stage's (nb_cuda_matmul_dense_ri_swiglu_rs).
 static nb_status dense_swiglu_stage(cuda_backend *be, const void *x, int n, const dlin *L, const void **xd,
-                                    const void **xq) {
+                                    const void **xq, const float *part) {
     if (x == (const void *)be->gate) return NB_ERR_INTERNAL;
     const int I = L->m / 2, k = L->k;
     const size_t es = nb_dtype_size(be->adt), xrow = (size_t)k * es, orow = (size_t)I * es;
     for (int r = 0; r < n; r += RI_SLICE) {
         const int rows = n - r < RI_SLICE ? n - r : RI_SLICE;
-        nb_status st = nb_cuda_matmul_dense_ri_swiglu((uint8_t *)be->gate + (size_t)r * orow, be->adt, 0,
-                                                      (const uint8_t *)x + (size_t)r * xrow, L->w, be->adt, rows,
-                                                      L->m, k, be->ri_ws, be->ri_ws_bytes, be->stream);
+        uint8_t *o = (uint8_t *)be->gate + (size_t)r * orow;
+        const uint8_t *xr = (const uint8_t *)x + (size_t)r * xrow;
+        nb_status st = part ? nb_cuda_matmul_dense_ri_swiglu_rs(o, be->adt, 0, xr, L->w, be->adt, rows, L->m, k,
+                                                                be->ri_ws, be->ri_ws_bytes,
+                                                                part + (size_t)r * nb_cuda_dr_parts(k),
+                                                                be->mc->rms_norm_eps, be->stream)
+                            : nb_cuda_matmul_dense_ri_swiglu(o, be->adt, 0, xr, L->w, be->adt, rows, L->m, k,
+                                                             be->ri_ws, be->ri_ws_bytes, be->stream);
         if (st != NB_OK) return st;
     }
     *xd = be->gate;
@@ -1034,6 +1050,35 @@ static nb_status post_stage(cuda_backend *be, const void *xq, int R, const dlin 
     return *st;
 }
 
+// Whether a step pass in this mode scales the RMSNorm between the dense
+// projection Lp (an o or down projection) and layer L's fused dense matmul
+// after it (ffn: gate|up + SwiGLU, else q|k|v + RoPE) after the latter
+// (dnorm_post): post_ok's form on the target's row-invariant matmuls. No
+// condition depends on the row count: a verify row and the decode row at
+// its position take the same path, as row invariance needs.
+static bool dpost_ok(const cuda_backend *be, const dlayer *L, const dlin *Lp, bool ffn, nb_fwd_mode mode, bool step) {
+    return be->dnorm_post && step && path_of(be, Lp, mode) == LIN_DENSE && ri_takes(be, Lp) && Lp->m % 4 == 0 &&
+           (ffn ? dense_swiglu_takes(be, L, mode, step) : dense_rope_takes(be, L, mode, step));
+}
+
+// post_stage's twin for a dense projection Lp (input xd, R rows, in
+// RI_SLICE-row calls as lin_run makes them): nb_cuda_matmul_dense_ri_res.
+static nb_status dpost_stage(cuda_backend *be, const void *xd, int R, const dlin *Lp, const void *w, nb_dtype wdt,
+                             nb_status *st) {
+    const int m = Lp->m, np = nb_cuda_dr_parts(m);
+    const size_t es = nb_dtype_size(be->adt), xrow = (size_t)Lp->k * es;
+    *st = NB_OK;
+    for (int r = 0; r < R && *st == NB_OK; r += RI_SLICE) {
+        const int rows = R - r < RI_SLICE ? R - r : RI_SLICE;
+        const nb_cuda_dr_res rs = {be->x + (size_t)r * m, w, wdt, (uint8_t *)be->xs + (size_t)r * m * es,
+                                   be->part + (size_t)r * np};
+        *st = nb_cuda_matmul_dense_ri_res((const uint8_t *)xd + (size_t)r * xrow, Lp->w, be->adt, Lp->bias,
+                                          Lp->bias_dt, rows, m, Lp->k, be->ri_ws, be->ri_ws_bytes, &rs, be->stream);
+    }
+    if (*st == NB_OK) be->norm_posts++;
+    return *st;
+}
+
 // Layout of one pass's metadata in the staging buffers (byte offsets).
 // The kernels of one pass, enqueued on the stream (captured into a CUDA
 // graph for repeated step shapes). Everything that varies between passes of
@@ -1070,9 +1115,11 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
     const float eps = mc->rms_norm_eps;
     // Draft passes of up to NB_POST_ROWS rows: each norm between a 4-bit
     // projection and a fused 4-bit matmul is scaled after the latter
-    // (post_ok; see cuda_backend.xs). pre: this layer's attention norm went
-    // that way (the previous down projection added its residual).
-    bool pre = false;
+    // (post_ok; see cuda_backend.xs); step passes likewise between the
+    // target's dense projections and fused dense matmuls (dpost_ok). pre:
+    // this layer's attention norm went that way (the previous down
+    // projection added its residual): 1 the 4-bit forms, 2 the dense ones.
+    int pre = 0;
     for (int l = 0; l < mc->n_layers; l++) {
         const dlayer *L = &be->layers[l];
         const void *xd = NULL, *xq = NULL;
@@ -1080,7 +1127,10 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         // with this layer's RMSNorm and the conversion to what q/k/v read.
         const dlin *l0 = be->fqkv ? &L->qkv : &L->wq, *l1 = be->fqkv ? &L->qkv : &L->wk;
         nb_status ps_st = NB_ERR_UNSUPPORTED;
-        if (pre) {
+        if (pre == 2) {
+            ps_st = dense_rope_stage(be, be->xs, R, &L->qkv, l, d_kvb, d_kvs, be->part);
+            if (ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "qkv projection (norm scaled after) + rope + kv write");
+        } else if (pre == 1) {
             const nb_cuda_wq_rope rp = {be->q, be->rope_cs, be->pools.fp, d_kvb, d_kvs, be->lay, l, mc->n_heads};
             ps_st = nb_cuda_matmul_wq_rope_rs(be->xs, NB_DTYPE_F16, &L->qkv.q, R, L->qkv.m, L->qkv.k, &rp, be->part,
                                               eps, S);
@@ -1095,7 +1145,7 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
             if (be->fqkv && L->qkv.rope && path_of(be, &L->qkv, mode) == LIN_Q4) {
                 CK(rope_stage(be, xq, R, &L->qkv, l, d_kvb, d_kvs, step), "qkv projection + rope + kv write");
             } else if (dense_rope_takes(be, L, mode, step)) {
-                CK(dense_rope_stage(be, xd, R, &L->qkv, l, d_kvb, d_kvs), "qkv projection + rope + kv write");
+                CK(dense_rope_stage(be, xd, R, &L->qkv, l, d_kvb, d_kvs, NULL), "qkv projection + rope + kv write");
             } else if (be->fqkv) {
                 CK(lin_run(be, be->qkv, xd, xq, R, &L->qkv, mode, step), "qkv projection");
                 CK(nb_cuda_rope_write_kv(be->q, be->qkv, W, be->qkv + Hq, be->qkv + Hq + Hkv, W, d_pos, R,
@@ -1125,18 +1175,24 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         CK(nb_pa_attention(&pa, S), "attention");
         if (ao.generic) CK(stage_in(be, be->att, R, Hq, po, po, &xd, &xq), "convert");
         // The o projection adds its residual itself where the ffn norm is
-        // scaled after gate|up (post_stage).
+        // scaled after gate|up (post_stage, dpost_stage).
         const bool post_ffn = post_ok(be, L, mode, R) && path_of(be, &L->wo, mode) == LIN_Q4;
-        const bool res_o = post_ffn && post_stage(be, xq, R, &L->wo, L->ffn_norm, L->ffn_norm_dt, &ps_st) == NB_OK;
-        if (post_ffn && !res_o && ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "o projection + residual");
+        const bool dpost_ffn = !post_ffn && dpost_ok(be, L, &L->wo, true, mode, step);
+        const bool res_o = post_ffn    ? post_stage(be, xq, R, &L->wo, L->ffn_norm, L->ffn_norm_dt, &ps_st) == NB_OK
+                           : dpost_ffn ? dpost_stage(be, xd, R, &L->wo, L->ffn_norm, L->ffn_norm_dt, &ps_st) == NB_OK
+                                       : false;
+        if ((post_ffn || dpost_ffn) && !res_o && ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "o projection + residual");
         if (!res_o) CK(lin_run(be, be->tmp, xd, xq, R, &L->wo, mode, step), "o projection");
         ps_st = NB_ERR_UNSUPPORTED;
-        if (res_o) {
+        if (res_o && post_ffn) {
             ps_st = nb_cuda_matmul_wq_swiglu_rs(be->gate, NB_DTYPE_F16, 1, be->xs, NB_DTYPE_F16, &L->gu.q, R, L->gu.m,
                                                 L->gu.k, be->part, eps, S);
             if (ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "gate/up projection (norm scaled after) + swiglu");
             xd = NULL;
             xq = be->gate; // as swiglu_stage leaves it
+        } else if (res_o) {
+            ps_st = dense_swiglu_stage(be, be->xs, R, &L->gu, &xd, &xq, be->part);
+            if (ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "gate/up projection (norm scaled after) + swiglu");
         }
         if (ps_st != NB_OK) {
             const dlin *g0 = be->fgu ? &L->gu : &L->gate, *g1 = be->fgu ? &L->gu : &L->up;
@@ -1147,7 +1203,7 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
                 CK(swiglu_stage(be, xq, R, &L->gu, path_of(be, &L->down, mode), step, &xd, &xq),
                    "gate/up projection + swiglu");
             } else if (dense_swiglu_takes(be, L, mode, step)) {
-                CK(dense_swiglu_stage(be, xd, R, &L->gu, &xd, &xq), "gate/up projection + swiglu");
+                CK(dense_swiglu_stage(be, xd, R, &L->gu, &xd, &xq, NULL), "gate/up projection + swiglu");
             } else if (be->fgu) {
                 CK(lin_run(be, be->gate, xd, xq, R, &L->gu, mode, step), "gate/up projection");
                 CK(silu_stage(be, be->gate, be->gate + I, 2 * I, R,
@@ -1163,8 +1219,11 @@ static nb_status run_pass(cuda_backend *be, pass *ps, char *err, size_t err_len)
         // The down projection likewise, for the next layer's attention norm.
         const dlayer *Ln = l + 1 < mc->n_layers ? &be->layers[l + 1] : NULL;
         const bool post_attn = Ln && post_ok(be, Ln, mode, R) && path_of(be, &L->down, mode) == LIN_Q4;
-        pre = post_attn && post_stage(be, xq, R, &L->down, Ln->attn_norm, Ln->attn_norm_dt, &ps_st) == NB_OK;
-        if (post_attn && !pre && ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "down projection + residual");
+        const bool dpost_attn = Ln && !post_attn && dpost_ok(be, Ln, &L->down, false, mode, step);
+        pre = post_attn    ? (post_stage(be, xq, R, &L->down, Ln->attn_norm, Ln->attn_norm_dt, &ps_st) == NB_OK ? 1 : 0)
+              : dpost_attn ? (dpost_stage(be, xd, R, &L->down, Ln->attn_norm, Ln->attn_norm_dt, &ps_st) == NB_OK ? 2 : 0)
+                           : 0;
+        if ((post_attn || dpost_attn) && !pre && ps_st != NB_ERR_UNSUPPORTED) CK(ps_st, "down projection + residual");
         if (!pre) CK(lin_run(be, be->tmp, xd, xq, R, &L->down, mode, step), "down projection");
     }
     CK(nb_cuda_add(be->x, be->x, be->tmp, (size_t)R * H, S), "residual");
@@ -1682,6 +1741,7 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
     // it (NB_DENSE_ROPE=0: the separate kernel; the same bits either way).
     be->ri_on = (be->adt == NB_DTYPE_F16 || be->adt == NB_DTYPE_BF16) && !env_off("NB_DENSE_RI");
     be->norm_post = !env_off("NB_NORM_POST");
+    be->dnorm_post = be->norm_post && be->ri_on && !env_off("NB_DENSE_NORM_POST");
     be->drope = be->ri_on && be->fqkv && !env_off("NB_DENSE_ROPE") && be->lay.head_dim == D && D % 16 == 0 &&
                 be->lay.n_kv_heads == mc->n_kv_heads;
     for (int l = 0; be->drope && l < mc->n_layers; l++) {
@@ -1721,9 +1781,12 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
             return st;
     if ((st = dev_alloc(be, &be->xa_d, Rp * maxk * 2, err, err_len)) ||
         (st = dev_alloc(be, &be->xa_q, Rp * maxk * 2, err, err_len)) ||
-        (st = dev_alloc(be, (void **)&be->xs, (size_t)NB_POST_ROWS * H * 2, err, err_len)) ||
-        (st = dev_alloc(be, (void **)&be->part, (size_t)NB_POST_ROWS * NB_CUDA_WQ_PART * sizeof(float), err, err_len)))
+        (st = dev_alloc(be, (void **)&be->xs, (size_t)(Rp > NB_POST_ROWS ? Rp : NB_POST_ROWS) * H * 2, err, err_len)))
         return st;
+    {
+        const size_t pq = (size_t)NB_POST_ROWS * NB_CUDA_WQ_PART, pd = Rp * nb_cuda_dr_parts(H);
+        if ((st = dev_alloc(be, (void **)&be->part, (pq > pd ? pq : pd) * sizeof(float), err, err_len))) return st;
+    }
 
     // The row-invariant dense matmul's workspace: the largest any dense
     // layer needs for RI_SLICE rows (its k-split partial sums; the RoPE
@@ -1739,7 +1802,9 @@ static nb_status build_static(cuda_backend *be, char *err, size_t err_len) {
                                  dl ? &dl->down : NULL, dl ? &dl->qkv : NULL, dl ? &dl->gu : NULL};
             for (int i = 0; i < 9; i++)
                 if (ls[i] && ls[i]->m > 0 && nb_cuda_matmul_dense_ri_supported(be->adt, ls[i]->k)) {
-                    const size_t b = i == 7 && be->drope
+                    // (The RoPE form and the o / down projections' residual
+                    // form keep their partial sums whatever S.)
+                    const size_t b = (i == 7 && be->drope) || ((i == 3 || i == 6) && be->dnorm_post)
                                          ? nb_cuda_matmul_dense_ri_rope_workspace_bytes(rn, ls[i]->m, ls[i]->k)
                                          : nb_cuda_matmul_dense_ri_workspace_bytes(rn, ls[i]->m, ls[i]->k);
                     if (b > rw) rw = b;

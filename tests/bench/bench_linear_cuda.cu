@@ -251,6 +251,79 @@ static void dense_bench(int quick, int sweep, double peak, size_t l2, cudaStream
     }
 }
 
+// --norm-post, the target's half: a layer's dense o projection (f16
+// 4096x4096), RMSNorm and gate|up + SwiGLU (28672x4096) on the
+// row-invariant matmul with the norm launched between them
+// (nb_cuda_matmul_dense_ri f32 out, nb_cuda_add_rmsnorm,
+// nb_cuda_matmul_dense_ri_swiglu) against scaled after gate|up
+// (nb_cuda_matmul_dense_ri_res, nb_cuda_matmul_dense_ri_swiglu_rs), at the
+// engine's decode and verify row counts; timed as below.
+static void norm_post_dense_bench(cudaStream_t s) {
+    const int H = 4096, I = 14336, C = 2, steps = 16, reps = 11, NR = 64;
+    const float eps = 1e-5f;
+    void *wo[C], *wg[C];
+    for (int c = 0; c < C; c++) {
+        CUDA_OK(cudaMalloc(&wo[c], (size_t)H * H * 2));
+        CUDA_OK(cudaMalloc(&wg[c], (size_t)2 * I * H * 2));
+        fill(wo[c], (size_t)H * H, 1, 41u + 2u * c);
+        fill(wg[c], (size_t)2 * I * H, 1, 42u + 2u * c);
+    }
+    size_t ws = nb_cuda_matmul_dense_ri_rope_workspace_bytes(NR, H, H);
+    const size_t wg_ws = nb_cuda_matmul_dense_ri_workspace_bytes(NR, 2 * I, H);
+    if (wg_ws > ws) ws = wg_ws;
+    void *xin, *tmp, *x, *xq, *xs, *part, *out, *nw, *wsp;
+    CUDA_OK(cudaMalloc(&xin, NR * H * 2));
+    CUDA_OK(cudaMalloc(&tmp, NR * H * 4));
+    CUDA_OK(cudaMalloc(&x, NR * H * 4));
+    CUDA_OK(cudaMalloc(&xq, NR * H * 2));
+    CUDA_OK(cudaMalloc(&xs, NR * H * 2));
+    CUDA_OK(cudaMalloc(&part, NR * nb_cuda_dr_parts(H) * 4));
+    CUDA_OK(cudaMalloc(&out, (size_t)NR * I * 2));
+    CUDA_OK(cudaMalloc(&nw, H * 2));
+    CUDA_OK(cudaMalloc(&wsp, ws));
+    fill(xin, NR * H, 1, 51u);
+    fill(nw, H, 1, 52u);
+    printf("## The RMSNorm between a target layer's o projection and gate|up: launched, or scaled after gate|up "
+           "(f16 row-invariant, 4096x4096 then 28672x4096 + SwiGLU)\n\n| n | norm launched us | scaled after us | "
+           "saved us |\n|---|---|---|---|\n");
+    const int ns[] = {1, 2, 4, 8, 16, 40, 64};
+    for (int in = 0; in < 7; in++) {
+        const int n = ns[in];
+        double t[2];
+        for (int post = 0; post < 2; post++) {
+            CUDA_OK(cudaMemset(x, 0, NR * H * 4));
+            auto step = [&](int i) {
+                const int c = i % C;
+                if (post) {
+                    const nb_cuda_dr_res rs = {(float *)x, nw, NB_DTYPE_F16, xs, (float *)part};
+                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_res(xin, wo[c], NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, H, H,
+                                                             wsp, ws, &rs, s));
+                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_swiglu_rs(out, NB_DTYPE_F16, 0, xs, wg[c], NB_DTYPE_F16, n,
+                                                                   2 * I, H, wsp, ws, (const float *)part, eps, s));
+                } else {
+                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri(tmp, NB_DTYPE_F32, xin, wo[c], NB_DTYPE_F16, NULL,
+                                                         NB_DTYPE_F32, n, H, H, wsp, ws, s));
+                    const nb_cuda_cvt cvt = {xq, NB_DTYPE_F16, 0};
+                    NB_OK_OR_DIE(nb_cuda_add_rmsnorm((float *)x, (const float *)tmp, nw, NB_DTYPE_F16, n, H, eps, NULL,
+                                                     cvt, s));
+                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_swiglu(out, NB_DTYPE_F16, 0, xq, wg[c], NB_DTYPE_F16, n,
+                                                                2 * I, H, wsp, ws, s));
+                }
+            };
+            t[post] = graph_us(s, steps, reps, step);
+        }
+        printf("| %d | %.2f | %.2f | %.2f |\n", n, t[0], t[1], t[0] - t[1]);
+        fflush(stdout);
+    }
+    printf("\n");
+    for (int c = 0; c < C; c++) {
+        CUDA_OK(cudaFree(wo[c]));
+        CUDA_OK(cudaFree(wg[c]));
+    }
+    void *f[9] = {xin, tmp, x, xq, xs, part, out, nw, wsp};
+    for (void *d : f) CUDA_OK(cudaFree(d));
+}
+
 // --norm-post: a draft layer's o projection (4096x4096, 4-bit), RMSNorm and
 // gate|up + SwiGLU (28672x4096) with the norm launched between them
 // (nb_cuda_matmul_wq f32 out, nb_cuda_add_rmsnorm, nb_cuda_matmul_wq_swiglu)
@@ -324,6 +397,7 @@ static void norm_post_bench(cudaStream_t s) {
     }
     void *f[8] = {xin, tmp, x, xq, xs, part, out, nw};
     for (void *d : f) CUDA_OK(cudaFree(d));
+    norm_post_dense_bench(s);
 }
 
 int main(int argc, char **argv) {

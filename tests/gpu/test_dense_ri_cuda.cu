@@ -23,7 +23,12 @@
 //   - the SwiGLU form (nb_cuda_matmul_dense_ri_swiglu) byte for byte
 //     against the plain form + nb_cuda_silu_mul_cvt (check_swiglu), and
 //     the RoPE form (nb_cuda_matmul_dense_ri_rope) against the plain form +
-//     nb_cuda_rope_write_kv (check_rope), with their refusals.
+//     nb_cuda_rope_write_kv (check_rope), with their refusals;
+//   - the norm scaled after the matmul: the residual form
+//     (nb_cuda_matmul_dense_ri_res) against the plain form + the host's
+//     add, x * w and partial sums (check_res), and the norm-scaled SwiGLU
+//     and RoPE forms (_rs) against the plain form, the host's scaling and
+//     the separate SwiGLU / RoPE kernels, byte for byte.
 // Exits 77 (skipped) when no CUDA device is present.
 #include <math.h>
 #include <stdint.h>
@@ -328,6 +333,49 @@ static void check_chain_and_errors(void) {
     cudaFree(d_out);
 }
 
+// The norm scale of the _rs forms on the host, in their order: row i's
+// np partial sums added in order, then 1 / sqrt(sum / k + eps).
+static float rs_factor(const float *part, int np, int k, float eps) {
+    float a = part[0];
+    for (int b = 1; b < np; b++) a = a + part[b];
+    const float ms = a / (float)k;
+    return 1.0f / sqrtf(ms + eps);
+}
+// Random partial sums for nmax rows of a norm over k channels (r_i in ~[0.5,
+// 2]), uploaded; their factors into r.
+static float *rs_parts(int nmax, int k, float eps, float *r) {
+    const int np = nb_cuda_dr_parts(k);
+    const size_t cnt = (size_t)nmax * np;
+    float *h = (float *)malloc(cnt * sizeof(float));
+    for (int i = 0; i < nmax; i++) {
+        const double ms = 0.25 + urand() * 3.75;
+        for (int b = 0; b < np; b++) h[(size_t)i * np + b] = (float)(ms * k / np * (0.5 + urand()));
+        r[i] = rs_factor(h + (size_t)i * np, np, k, eps);
+    }
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, cnt * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d, h, cnt * sizeof(float), cudaMemcpyHostToDevice));
+    free(h);
+    return (float *)d;
+}
+// Rows [0, n) of an f32 [.][w] device array multiplied by r[row] (then
+// + bias[j], bf16, when given) in place, through the host: the reference
+// the _rs forms' scaled sums must equal.
+static void scale_rows(float *d, int n, int w, const float *r, const uint16_t *bias) {
+    const size_t b = (size_t)n * w * sizeof(float);
+    float *h = (float *)malloc(b);
+    CUDA_OK(cudaMemcpy(h, d, b, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < w; j++) {
+            float v = h[(size_t)i * w + j] * r[i];
+            if (bias) v = v + nb_bf16_to_f32(bias[j]);
+            h[(size_t)i * w + j] = v;
+        }
+    CUDA_OK(cudaMemcpy(d, h, b, cudaMemcpyHostToDevice));
+    free(h);
+}
+static const float kEps = 1e-5f;
+
 // The SwiGLU form (nb_cuda_matmul_dense_ri_swiglu) on gate|up in the
 // SwiGLU row layout against the plain form on the model-order matrix
 // followed by nb_cuda_silu_mul_cvt, byte for byte: outputs f32, f16,
@@ -336,7 +384,10 @@ static void check_chain_and_errors(void) {
 // scaled so that its products overflow f16 (saturating vs Inf). Also the
 // plain form on the moved matrix followed by nb_cuda_silu_mul_cvt_moved
 // (what the engine's other passes do with a moved copy): the same bytes.
-static void check_swiglu(nb_dtype dt, int I, int k, int split) {
+// rs: the norm-scaled form (nb_cuda_matmul_dense_ri_swiglu_rs), against the
+// plain form's rows scaled by each row's factor on the host (S == 1: the
+// scale in the accumulators; S > 1: in the reduction).
+static void check_swiglu(nb_dtype dt, int I, int k, int split, bool rs = false) {
     nb_cuda_matmul_dense_ri_set_split(split);
     const int m = 2 * I, n_max = 64;
     const size_t es = nb_dtype_size(dt), mk = (size_t)m * k, nk = (size_t)n_max * k;
@@ -370,6 +421,8 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split) {
         CUDA_OK(cudaMemset(d_ws, 0xff, ws));
     }
     uint8_t *ref = (uint8_t *)malloc(obytes), *got = (uint8_t *)malloc(obytes);
+    float rf[64];
+    float *d_part = rs ? rs_parts(n_max, k, kEps, rf) : NULL;
     const struct {
         nb_dtype dt;
         int sat;
@@ -382,25 +435,32 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split) {
             const nb_dtype odt = outs[io].dt;
             const size_t ob = (size_t)n * I * nb_dtype_size(odt);
             char what[160];
-            snprintf(what, sizeof what, "swiglu %s I=%d k=%d S=%d n=%d out=%s%s", nb_dtype_name(dt), I, k, S, n,
-                     nb_dtype_name(odt), outs[io].sat ? " (saturating)" : "");
-            // Unfused: model-order gate|up rows, then SwiGLU.
+            snprintf(what, sizeof what, "swiglu%s %s I=%d k=%d S=%d n=%d out=%s%s", rs ? "_rs" : "", nb_dtype_name(dt),
+                     I, k, S, n, nb_dtype_name(odt), outs[io].sat ? " (saturating)" : "");
+            // Unfused: model-order gate|up rows (scaled by r), then SwiGLU.
             CUDA_OK(cudaMemset(d_ref, 0xff, obytes));
             CHECK(nb_cuda_matmul_dense_ri(d_gu, NB_DTYPE_F32, d_x, d_w, dt, NULL, NB_DTYPE_F32, n, m, k, d_ws, ws,
                                           0) == NB_OK);
+            if (rs) scale_rows((float *)d_gu, n, m, rf, NULL);
             const nb_cuda_cvt cv = {odt == NB_DTYPE_F32 ? NULL : d_ref, odt, outs[io].sat};
             CHECK(nb_cuda_silu_mul_cvt(odt == NB_DTYPE_F32 ? (float *)d_ref : NULL, cv, (const float *)d_gu,
                                        (const float *)d_gu + I, m, n, I, 0) == NB_OK);
             CUDA_OK(cudaMemcpy(ref, d_ref, obytes, cudaMemcpyDeviceToHost));
             // Fused, on the moved matrix.
             CUDA_OK(cudaMemset(d_out, 0xff, obytes));
-            const nb_status st = nb_cuda_matmul_dense_ri_swiglu(d_out, odt, outs[io].sat, d_x, d_wm, dt, n, m, k,
-                                                                d_ws, ws, 0);
+            const nb_status st =
+                rs ? nb_cuda_matmul_dense_ri_swiglu_rs(d_out, odt, outs[io].sat, d_x, d_wm, dt, n, m, k, d_ws, ws,
+                                                       d_part, kEps, 0)
+                   : nb_cuda_matmul_dense_ri_swiglu(d_out, odt, outs[io].sat, d_x, d_wm, dt, n, m, k, d_ws, ws, 0);
             CHECKF(st == NB_OK, "%s: %s", what, nb_status_str(st));
             CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(cudaMemcpy(got, d_out, obytes, cudaMemcpyDeviceToHost));
             CHECKF(memcmp(got, ref, obytes) == 0, "%s: not the bytes of matmul + SwiGLU (or wrote past n rows)",
                    what);
+            if (rs) { // (the rest holds for the unscaled form)
+                checked += (long)ob;
+                continue;
+            }
             // Plain form on the moved matrix, then the moved SwiGLU.
             CUDA_OK(cudaMemset(d_out, 0xff, obytes));
             CHECK(nb_cuda_matmul_dense_ri(d_gu, NB_DTYPE_F32, d_x, d_wm, dt, NULL, NB_DTYPE_F32, n, m, k, d_ws, ws,
@@ -417,10 +477,16 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split) {
                 }
             checked += (long)ob;
         }
-    CHECKF(sat_seen > 0, "swiglu %s I=%d: row 3 never reached the f16 range's end", nb_dtype_name(dt), I);
-    printf("  swiglu %-4s I=%-5d k=%-5d S=%-2d %ld output bytes == matmul + SwiGLU (%ld f16 outputs at the "
-           "range's end)\n",
-           nb_dtype_name(dt), I, k, S, checked, sat_seen);
+    CHECKF(rs || sat_seen > 0, "swiglu %s I=%d: row 3 never reached the f16 range's end", nb_dtype_name(dt), I);
+    if (rs) {
+        CHECK(nb_cuda_matmul_dense_ri_swiglu_rs(d_out, NB_DTYPE_F16, 0, d_x, d_wm, dt, 1, m, k, d_ws, ws, NULL, kEps,
+                                                0) == NB_ERR_INVALID_ARG);
+        printf("  swiglu_rs %-4s I=%-5d k=%-5d S=%-2d %ld output bytes == matmul, the norm scale, SwiGLU\n",
+               nb_dtype_name(dt), I, k, S, checked);
+    } else
+        printf("  swiglu %-4s I=%-5d k=%-5d S=%-2d %ld output bytes == matmul + SwiGLU (%ld f16 outputs at the "
+               "range's end)\n",
+               nb_dtype_name(dt), I, k, S, checked, sat_seen);
     fflush(stdout);
     free(w);
     free(wm);
@@ -434,6 +500,7 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split) {
     cudaFree(d_ref);
     cudaFree(d_out);
     cudaFree(d_ws);
+    cudaFree(d_part);
     nb_cuda_matmul_dense_ri_set_split(0);
 }
 
@@ -443,8 +510,10 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split) {
 // has its block outside the pool), with and without a bias, for the k
 // splits given (S == 1 included: the form then still goes through its
 // reduction) and n = 1..64. The (cos, sin) table is nb_cuda_rope_table's
-// (held to cosf/sinf in test_linear_cuda).
-static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt, int split) {
+// (held to cosf/sinf in test_linear_cuda). rs: the norm-scaled form
+// (nb_cuda_matmul_dense_ri_rope_rs) against the plain form's sums scaled
+// by each row's factor, then the bias, on the host.
+static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt, int split, bool rs = false) {
     nb_cuda_matmul_dense_ri_set_split(split);
     const int Hq = nh * D, Hkv = nkv * D, m = Hq + 2 * Hkv, nmax = 64;
     const size_t es = nb_dtype_size(dt), mk = (size_t)m * k, nk = (size_t)nmax * k;
@@ -495,6 +564,8 @@ static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt,
     CUDA_OK(cudaMemset(d_ws, 0xff, ws));
     uint8_t *ha = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
     uint8_t *hf = (uint8_t *)malloc(pool_bytes > qb ? pool_bytes : qb);
+    float rf[64];
+    float *d_part = rs ? rs_parts(nmax, k, kEps, rf) : NULL;
     const int ns[] = {1, 2, 5, 8, 9, 17, 40, 64};
     long checked = 0;
     for (int wb = 0; wb < 2; wb++)
@@ -507,28 +578,36 @@ static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt,
             CUDA_OK(cudaMemset(d_qf, 0xff, qb));
             CUDA_OK(cudaMemset(d_pa, 0xa5, pool_bytes));
             CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
-            CHECK(nb_cuda_matmul_dense_ri(d_qkv, NB_DTYPE_F32, d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, 0) ==
-                  NB_OK);
+            CHECK(nb_cuda_matmul_dense_ri(d_qkv, NB_DTYPE_F32, d_x, d_w, dt, rs ? NULL : b, NB_DTYPE_BF16, n, m, k, d_ws,
+                                          ws, 0) == NB_OK);
+            if (rs) scale_rows((float *)d_qkv, n, m, rf, wb ? bias : NULL);
             const float *qkv = (const float *)d_qkv;
             CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
                                         (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
             const nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
-            const nb_status st = nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, &rp, 0);
+            const nb_status st =
+                rs ? nb_cuda_matmul_dense_ri_rope_rs(d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, &rp, d_part, kEps,
+                                                     0)
+                   : nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, &rp, 0);
             CHECKF(st == NB_OK, "dense_ri_rope: %s", nb_status_str(st));
             bool q_same = false;
             long diff = 0, written = 0;
             CUDA_OK(lt_rope_compare(d_qa, d_qf, qb, d_pa, d_pf, pool_bytes, ha, hf, &q_same, &diff, &written));
             CHECKF(q_same && diff == 0 && written > 0,
-                   "rope %s nh=%d nkv=%d D=%d k=%d S=%d cache=%s n=%d bias=%d: differs from matmul + RoPE/KV write "
+                   "rope%s %s nh=%d nkv=%d D=%d k=%d S=%d cache=%s n=%d bias=%d: differs from matmul + RoPE/KV write "
                    "(q %s, %ld pool bytes differ, %ld written)",
-                   nb_dtype_name(dt), nh, nkv, D, k, S, nb_dtype_name(cdt), n, wb, q_same ? "same" : "differs", diff,
-                   written);
+                   rs ? "_rs" : "", nb_dtype_name(dt), nh, nkv, D, k, S, nb_dtype_name(cdt), n, wb,
+                   q_same ? "same" : "differs", diff, written);
             checked += (long)n * m;
         }
-    printf("  rope %-4s nh=%d nkv=%d D=%d k=%d S=%d cache=%s: %ld q|k|v outputs stored as matmul + RoPE/KV write\n",
-           nb_dtype_name(dt), nh, nkv, D, k, S, nb_dtype_name(cdt), checked);
+    printf("  rope%s %-4s nh=%d nkv=%d D=%d k=%d S=%d cache=%s: %ld q|k|v outputs stored as matmul%s + RoPE/KV write\n",
+           rs ? "_rs" : "", nb_dtype_name(dt), nh, nkv, D, k, S, nb_dtype_name(cdt), checked,
+           rs ? ", the norm scale, the bias" : "");
     // Refusals.
     nb_cuda_wq_rope rp = {(float *)d_qf, (const float *)d_cs, d_pf, d_fb, d_sl, lay, layer, nh};
+    if (rs)
+        CHECK(nb_cuda_matmul_dense_ri_rope_rs(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &rp, NULL, kEps,
+                                              0) == NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m - D, k, d_ws, ws, &rp, 0) ==
           NB_ERR_INVALID_ARG);
     CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, NULL, 0) ==
@@ -554,12 +633,168 @@ static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt,
     CHECK(nb_cuda_matmul_dense_ri_rope(d_x, d_w, dt, NULL, NB_DTYPE_F32, 0, m, k, NULL, 0, &rp, 0) == NB_OK);
     CUDA_OK(cudaDeviceSynchronize());
     void *dfree[] = {d_w, d_x, d_bias, d_inv, d_cs, d_qkv, d_qa, d_qf, d_pa, d_pf, d_ws, d_fb, d_sl, d_pos};
+    if (d_part) CUDA_OK(cudaFree(d_part));
     for (void *d : dfree) CUDA_OK(cudaFree(d));
     free(w);
     free(x);
     free(bias);
     free(ha);
     free(hf);
+    nb_cuda_matmul_dense_ri_set_split(0);
+}
+
+// The residual form (nb_cuda_matmul_dense_ri_res) against the plain form's
+// f32 outputs (the same bits by contract), with and without a bias: the new
+// x must be x0 + out bit for bit (nb_cuda_add's rounding), xs the f16
+// (saturating: one norm weight makes its channel overflow) or bf16 of x * w
+// bit for bit, each partial sum the host's sum of its 1,024 columns' x^2 in
+// the kernel's order bit for bit (and within 2^-15 of sum(x^2) in double
+// over the row), and rows past n untouched, n = 1..130 (past 64 rows: two
+// block rows of the matmul). Then the refusals.
+static void check_res(nb_dtype dt, int m, int k, int split) {
+    nb_cuda_matmul_dense_ri_set_split(split);
+    const int nmax = NMAX, np = nb_cuda_dr_parts(m);
+    const size_t es = nb_dtype_size(dt), mk = (size_t)m * k, nk = (size_t)nmax * k, nm = (size_t)nmax * m,
+                 pn = (size_t)nmax * np;
+    uint16_t *w = (uint16_t *)malloc(mk * 2), *x = (uint16_t *)malloc(nk * 2), *bias = (uint16_t *)malloc(m * 2),
+             *wn = (uint16_t *)malloc(m * 2), *hxs = (uint16_t *)malloc(nm * 2);
+    float *x0 = (float *)malloc(nm * 4), *out = (float *)malloc(nm * 4), *hx = (float *)malloc(nm * 4),
+          *hp = (float *)malloc(pn * 4);
+    for (size_t e = 0; e < mk; e++) nb_store_f32(w, dt, e, (float)((urand() * 2.0 - 1.0) * 0.05));
+    for (size_t e = 0; e < nk; e++) nb_store_f32(x, dt, e, (float)((urand() * 2.0 - 1.0) * 2.0));
+    for (int j = 0; j < m; j++) nb_store_f32(bias, NB_DTYPE_BF16, j, (float)(urand() * 2.0 - 1.0));
+    for (int j = 0; j < m; j++) nb_store_f32(wn, NB_DTYPE_BF16, j, (float)(0.2 + urand()));
+    nb_store_f32(wn, NB_DTYPE_BF16, 3, 30000.0f); // its channel overflows f16
+    for (size_t e = 0; e < nm; e++) x0[e] = (float)(40.0 * urand() - 20.0);
+    void *d_w, *d_x, *d_bias, *d_wn, *d_out, *d_h, *d_xs, *d_p, *d_ws;
+    CUDA_OK(cudaMalloc(&d_w, mk * es));
+    CUDA_OK(cudaMalloc(&d_x, nk * es));
+    CUDA_OK(cudaMalloc(&d_bias, (size_t)m * 2));
+    CUDA_OK(cudaMalloc(&d_wn, (size_t)m * 2));
+    CUDA_OK(cudaMalloc(&d_out, nm * 4));
+    CUDA_OK(cudaMalloc(&d_h, nm * 4));
+    CUDA_OK(cudaMalloc(&d_xs, nm * es));
+    CUDA_OK(cudaMalloc(&d_p, pn * 4));
+    CUDA_OK(cudaMemcpy(d_w, w, mk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_x, x, nk * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_bias, bias, (size_t)m * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_wn, wn, (size_t)m * 2, cudaMemcpyHostToDevice));
+    const size_t ws = nb_cuda_matmul_dense_ri_rope_workspace_bytes(nmax, m, k);
+    const int S = nb_cuda_matmul_dense_ri_split(m, k);
+    CUDA_OK(cudaMalloc(&d_ws, ws));
+    const nb_cuda_dr_res rs = {(float *)d_h, d_wn, NB_DTYPE_BF16, d_xs, (float *)d_p};
+    const int ns[] = {1, 2, 5, 8, 9, 17, 33, 64, 65, 130};
+    long checked = 0, sat = 0;
+    double worst = 0.0;
+    for (int wb = 0; wb < 2; wb++)
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const int n = ns[in];
+            const void *b = wb ? d_bias : NULL;
+            CUDA_OK(cudaMemset(d_ws, 0xff, ws));
+            CHECK(nb_cuda_matmul_dense_ri(d_out, NB_DTYPE_F32, d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, 0) ==
+                  NB_OK);
+            CUDA_OK(cudaMemcpy(d_h, x0, nm * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(d_xs, 0xff, nm * es));
+            CUDA_OK(cudaMemset(d_p, 0xff, pn * 4));
+            const nb_status st = nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, b, NB_DTYPE_BF16, n, m, k, d_ws, ws, &rs, 0);
+            CHECKF(st == NB_OK, "dense_ri_res: %s", nb_status_str(st));
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(out, d_out, nm * 4, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hx, d_h, nm * 4, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hxs, d_xs, nm * es, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hp, d_p, pn * 4, cudaMemcpyDeviceToHost));
+            long bad = 0, bad_xs = 0, past = 0, bad_p = 0;
+            for (size_t e = 0; e < nm; e++) {
+                if (e >= (size_t)n * m) {
+                    past += memcmp(&hx[e], &x0[e], 4) != 0 || hxs[e] != 0xffff;
+                    continue;
+                }
+                const float h = x0[e] + out[e];
+                bad += memcmp(&hx[e], &h, 4) != 0;
+                const float hw = h * nb_bf16_to_f32(wn[e % m]);
+                const uint16_t want = dt == NB_DTYPE_F16 ? nb_f32_to_f16_sat(hw) : nb_f32_to_bf16(hw);
+                bad_xs += hxs[e] != want;
+                sat += dt == NB_DTYPE_F16 && (want & 0x7fff) == 0x7bff;
+            }
+            for (size_t e = (size_t)n * np; e < pn; e++) past += nb_f32_bits(hp[e]) != 0xffffffffu;
+            for (int i = 0; i < n; i++) {
+                const float *hr = hx + (size_t)i * m;
+                double sr = 0.0, sp = 0.0;
+                for (int j = 0; j < m; j++) sr += (double)hr[j] * hr[j];
+                for (int bb = 0; bb < np; bb++) {
+                    float wsum[8];
+                    for (int wp = 0; wp < 8; wp++) {
+                        float a[32], t[32];
+                        for (int l = 0; l < 32; l++) {
+                            const int c = bb * NB_CUDA_DR_PART_COLS + (wp * 32 + l) * 4;
+                            float ss = 0.0f;
+                            for (int q = 0; q < 4 && c < m; q++) ss = ss + hr[c + q] * hr[c + q];
+                            a[l] = ss;
+                        }
+                        for (int o = 16; o > 0; o >>= 1) {
+                            for (int l = 0; l < 32; l++) t[l] = a[l] + a[l ^ o];
+                            memcpy(a, t, sizeof a);
+                        }
+                        wsum[wp] = a[0];
+                    }
+                    float want = wsum[0];
+                    for (int wp = 1; wp < 8; wp++) want = want + wsum[wp];
+                    const float got = hp[(size_t)i * np + bb];
+                    bad_p += memcmp(&got, &want, 4) != 0;
+                    sp += got;
+                }
+                const double rel = fabs(sp - sr) / sr;
+                bad_p += !(rel <= 0x1p-15);
+                if (rel > worst) worst = rel;
+            }
+            CHECKF(bad == 0 && bad_xs == 0 && past == 0 && bad_p == 0,
+                   "res %s %dx%d S=%d n=%d bias=%d: %ld x, %ld xs differ from x0 + matmul; %ld past n rows; %ld "
+                   "partial-sum faults",
+                   nb_dtype_name(dt), m, k, S, n, wb, bad, bad_xs, past, bad_p);
+            checked += (long)n * m;
+        }
+    CHECKF(dt != NB_DTYPE_F16 || sat > 0, "res %dx%d: no xs saturated", m, k);
+    printf("  res  %-4s %dx%d S=%d: %ld outputs == x0 + matmul, x * w and the partial sums bit for bit (%ld f16 "
+           "saturated; partials within %.2e of sum(x^2))\n",
+           nb_dtype_name(dt), m, k, S, checked, sat, worst);
+    // Refusals, before anything is launched.
+    nb_cuda_dr_res bad = rs;
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, NULL, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m - 2, k, d_ws, ws, &rs, 0) ==
+          NB_ERR_UNSUPPORTED); // m % 4
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, NB_DTYPE_F32, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &rs, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 2, m, k, d_ws, (size_t)S * m * 4, &rs, 0) ==
+          NB_ERR_INVALID_ARG); // the workspace holds one row
+    bad.x = (float *)d_h + 1;  // misaligned
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    bad = rs;
+    bad.xs = d_x; // over the input
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    bad = rs;
+    bad.part = (float *)d_ws; // over the workspace
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    bad = rs;
+    bad.w_dt = (nb_dtype)7;
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 1, m, k, d_ws, ws, &bad, 0) ==
+          NB_ERR_INVALID_ARG);
+    CHECK(nb_cuda_matmul_dense_ri_res(d_x, d_w, dt, NULL, NB_DTYPE_F32, 0, m, k, NULL, 0, &rs, 0) == NB_OK);
+    CUDA_OK(cudaDeviceSynchronize());
+    void *dfree[] = {d_w, d_x, d_bias, d_wn, d_out, d_h, d_xs, d_p, d_ws};
+    for (void *d : dfree) CUDA_OK(cudaFree(d));
+    free(w);
+    free(x);
+    free(bias);
+    free(wn);
+    free(hxs);
+    free(x0);
+    free(out);
+    free(hx);
+    free(hp);
     nb_cuda_matmul_dense_ri_set_split(0);
 }
 
@@ -641,5 +876,16 @@ int main(void) {
     check_rope(NB_DTYPE_F16, 32, 8, 128, 4096, NB_DTYPE_F16, 1);   // S = 1: through the reduction all the same
     check_rope(NB_DTYPE_BF16, 4, 2, 128, 512, NB_DTYPE_F32, 0);    // the proxy model's shape
     check_rope(NB_DTYPE_F16, 8, 2, 64, 256, NB_DTYPE_F16, 3);
+    // The norm scaled after the matmul (the target's step passes).
+    check_res(NB_DTYPE_F16, 4096, 4096, 0);  // the o projection of Llama shapes: S = 8, 4 column groups
+    check_res(NB_DTYPE_BF16, 1000, 1408, 0); // a partial column group
+    check_res(NB_DTYPE_BF16, 512, 1408, 1);  // S = 1: through the reduction all the same (the proxy's width)
+    check_res(NB_DTYPE_F16, 200, 512, 7);
+    check_swiglu(NB_DTYPE_F16, 14336, 4096, 0, true); // S = 1: the scale in the accumulators
+    check_swiglu(NB_DTYPE_BF16, 520, 1408, 0, true);  // S > 1: in the reduction
+    check_swiglu(NB_DTYPE_BF16, 64, 512, 1, true);
+    check_rope(NB_DTYPE_BF16, 32, 8, 128, 4096, NB_DTYPE_BF16, 0, true);
+    check_rope(NB_DTYPE_F16, 4, 2, 128, 512, NB_DTYPE_F16, 1, true);
+    check_rope(NB_DTYPE_BF16, 8, 2, 64, 1408, NB_DTYPE_BF16, 3, true); // k: a partial column group
     return nb_test_finish("test_dense_ri_cuda");
 }

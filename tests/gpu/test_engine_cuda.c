@@ -168,11 +168,12 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
             float *lgp = score_logits(eg, tok, n, chunk, mode, &ng);
             const long posts = nb_backend_cuda_norm_posts(nb_engine_backend(eg)) - p0;
             double t2 = now_s();
-            // One-row draft passes scale every norm but layer 0's attention
-            // norm after the fused matmul it feeds (backend_cuda.c's
-            // post_stage); nothing else does.
+            // One-row passes, draft (4-bit) and target (dense), scale every
+            // norm but layer 0's attention norm after the fused matmul it
+            // feeds (backend_cuda.c's post_stage, dpost_stage); prefill
+            // passes none.
             const int nl = nb_model_get_config(m)->n_layers;
-            CHECKF(md && chunk == 1 ? posts >= 2 * nl - 1 : posts == 0,
+            CHECKF(chunk == 1 ? posts >= 2 * nl - 1 : posts == 0,
                    "proxy %s, chunk %d: %ld norms scaled after their matmuls", md ? "draft" : "target", chunk, posts);
             cmp_stats s = compare_logits(lc, lgp, n, V);
             double ppl_c = exp(nc / (n - 1)), ppl_g = exp(ng / (n - 1));
@@ -291,7 +292,7 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
         free(lp);
         free(la);
         free(lb);
-        la = score_logits(eg, tok, nn, chunk, NB_FWD_TARGET, &n1);
+        la = score_logits(ez, tok, nn, chunk, NB_FWD_TARGET, &n1);
         lb = score_logits(eu, tok, nn, chunk, NB_FWD_TARGET, &n2);
         CHECKF(memcmp(la, lb, (size_t)nn * V * sizeof(float)) == 0,
                "target logits, chunk %d: the dense gate|up's SwiGLU layout / RoPE in the q|k|v reduction differ from "
@@ -300,6 +301,21 @@ static void test_proxy_logits(const nb_model *m, nb_tokenizer *tk) {
         printf("proxy target, chunk %3d: the dense gate|up in the SwiGLU layout and RoPE in the q|k|v reduction (%d "
                "layers) == unfused, %d rows of logits bit for bit\n",
                chunk, n_layers, nn);
+        // The target's norms scaled after its dense matmuls (step passes,
+        // chunk 1; prefill passes run them as ez does), bounded as above.
+        lp = score_logits(eg, tok, nn, chunk, NB_FWD_TARGET, &n3);
+        const cmp_stats st = compare_logits(la, lp, nn, V);
+        if (chunk == 1)
+            CHECKF(st.mean_abs <= 0.05 && st.top1 >= 0.95 && fabs(n3 / n1 - 1) <= 0.01,
+                   "target, norms scaled after the matmul: mean |d| %.4f, top-1 %.4f, nll %+.3f%% against unscaled",
+                   st.mean_abs, st.top1, 100 * (n3 / n1 - 1));
+        else
+            CHECKF(memcmp(la, lp, (size_t)nn * V * sizeof(float)) == 0,
+                   "target logits, chunk %d: the norms scaled after the matmul in a prefill pass", chunk);
+        printf("proxy target, chunk %3d: norms scaled after the dense matmuls against before: mean |d| %.5f, max |d| "
+               "%.4f, top-1 agree %.4f, nll %+.4f%%\n",
+               chunk, st.mean_abs, st.max_abs, st.top1, 100 * (n3 / n1 - 1));
+        free(lp);
         free(la);
         free(lb);
     }
