@@ -257,6 +257,20 @@ __global__ void __launch_bounds__(kThreads, 2) dense_ri_kernel(const DrParams p)
         }
 }
 
+// The S partial sums of the 4 consecutive outputs at element e (16-byte
+// aligned) in split order, every load issued before the first add.
+__device__ __forceinline__ void dr_sum4(const DrParams &p, size_t e, float (&v)[4]) {
+    const size_t stride = (size_t)p.n * p.m;
+    float4 q[kDrMaxSplit];
+#pragma unroll
+    for (int s = 0; s < kDrMaxSplit; s++)
+        if (s < p.S) q[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + e));
+    v[0] = q[0].x, v[1] = q[0].y, v[2] = q[0].z, v[3] = q[0].w;
+#pragma unroll
+    for (int s = 1; s < kDrMaxSplit; s++)
+        if (s < p.S) v[0] += q[s].x, v[1] += q[s].y, v[2] += q[s].z, v[3] += q[s].w;
+}
+
 // out[i][j] = ((part[0][i][j] + part[1][i][j]) + ...) + part[S-1][i][j]
 // (+ bias[j]). Thread: 4 consecutive outputs of one row (V4: m % 4 == 0),
 // else one; every partial load issued before the first add.
@@ -269,14 +283,7 @@ template <bool V4> __global__ void __launch_bounds__(256) dense_ri_reduce_kernel
     if (e >= total) return;
     float v[W];
     if constexpr (V4) {
-        float4 q[kDrMaxSplit];
-#pragma unroll
-        for (int s = 0; s < kDrMaxSplit; s++)
-            if (s < p.S) q[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + e));
-        v[0] = q[0].x, v[1] = q[0].y, v[2] = q[0].z, v[3] = q[0].w;
-#pragma unroll
-        for (int s = 1; s < kDrMaxSplit; s++)
-            if (s < p.S) v[0] += q[s].x, v[1] += q[s].y, v[2] += q[s].z, v[3] += q[s].w;
+        dr_sum4(p, e, v);
     } else {
         float q[kDrMaxSplit];
 #pragma unroll
@@ -382,15 +389,9 @@ template <typename T> __global__ void __launch_bounds__(256) dense_ri_reduce_res
     const int i = (int)blockIdx.y, c = (int)blockIdx.x * NB_CUDA_DR_PART_COLS + (int)threadIdx.x * 4;
     float ss = 0.0f;
     if (c < p.m) {
-        const size_t e = (size_t)i * p.m + c, stride = (size_t)p.n * p.m;
-        float4 q[kDrMaxSplit];
-#pragma unroll
-        for (int s = 0; s < kDrMaxSplit; s++)
-            if (s < p.S) q[s] = __ldcg(reinterpret_cast<const float4 *>(p.part + s * stride + e));
-        float v[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-#pragma unroll
-        for (int s = 1; s < kDrMaxSplit; s++)
-            if (s < p.S) v[0] += q[s].x, v[1] += q[s].y, v[2] += q[s].z, v[3] += q[s].w;
+        const size_t e = (size_t)i * p.m + c;
+        float v[4];
+        dr_sum4(p, e, v); // the plain reduction's sums
         const float4 x4 = *reinterpret_cast<const float4 *>(r.x + e);
         const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
         float h[4];

@@ -251,6 +251,26 @@ static void dense_bench(int quick, int sweep, double peak, size_t l2, cudaStream
     }
 }
 
+// --norm-post's table: for each n of ns, the chain step(n, post, i) with
+// the norm launched (post 0) and scaled after (post 1), graph replays of
+// `steps` steps (the residual stream x, xbytes, zeroed before each), us a
+// step; prints "| n | launched | scaled after | saved |" rows.
+template <typename Step>
+static void norm_post_table(cudaStream_t s, const int *ns, int n_ns, int steps, int reps, void *x, size_t xbytes,
+                            Step step) {
+    for (int in = 0; in < n_ns; in++) {
+        const int n = ns[in];
+        double t[2];
+        for (int post = 0; post < 2; post++) {
+            CUDA_OK(cudaMemset(x, 0, xbytes));
+            t[post] = graph_us(s, steps, reps, [&](int i) { step(n, post, i); });
+        }
+        printf("| %d | %.2f | %.2f | %.2f |\n", n, t[0], t[1], t[0] - t[1]);
+        fflush(stdout);
+    }
+    printf("\n");
+}
+
 // --norm-post, the target's half: a layer's dense o projection (f16
 // 4096x4096), RMSNorm and gate|up + SwiGLU (28672x4096) on the
 // row-invariant matmul with the norm launched between them
@@ -287,35 +307,23 @@ static void norm_post_dense_bench(cudaStream_t s) {
            "(f16 row-invariant, 4096x4096 then 28672x4096 + SwiGLU)\n\n| n | norm launched us | scaled after us | "
            "saved us |\n|---|---|---|---|\n");
     const int ns[] = {1, 2, 4, 8, 16, 40, 64};
-    for (int in = 0; in < 7; in++) {
-        const int n = ns[in];
-        double t[2];
-        for (int post = 0; post < 2; post++) {
-            CUDA_OK(cudaMemset(x, 0, NR * H * 4));
-            auto step = [&](int i) {
-                const int c = i % C;
-                if (post) {
-                    const nb_cuda_dr_res rs = {(float *)x, nw, NB_DTYPE_F16, xs, (float *)part};
-                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_res(xin, wo[c], NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, H, H,
-                                                             wsp, ws, &rs, s));
-                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_swiglu_rs(out, NB_DTYPE_F16, 0, xs, wg[c], NB_DTYPE_F16, n,
-                                                                   2 * I, H, wsp, ws, (const float *)part, eps, s));
-                } else {
-                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri(tmp, NB_DTYPE_F32, xin, wo[c], NB_DTYPE_F16, NULL,
-                                                         NB_DTYPE_F32, n, H, H, wsp, ws, s));
-                    const nb_cuda_cvt cvt = {xq, NB_DTYPE_F16, 0};
-                    NB_OK_OR_DIE(nb_cuda_add_rmsnorm((float *)x, (const float *)tmp, nw, NB_DTYPE_F16, n, H, eps, NULL,
-                                                     cvt, s));
-                    NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_swiglu(out, NB_DTYPE_F16, 0, xq, wg[c], NB_DTYPE_F16, n,
-                                                                2 * I, H, wsp, ws, s));
-                }
-            };
-            t[post] = graph_us(s, steps, reps, step);
+    norm_post_table(s, ns, 7, steps, reps, x, (size_t)NR * H * 4, [&](int n, int post, int i) {
+        const int c = i % C;
+        if (post) {
+            const nb_cuda_dr_res rs = {(float *)x, nw, NB_DTYPE_F16, xs, (float *)part};
+            NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_res(xin, wo[c], NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, H, H, wsp, ws,
+                                                     &rs, s));
+            NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_swiglu_rs(out, NB_DTYPE_F16, 0, xs, wg[c], NB_DTYPE_F16, n, 2 * I, H,
+                                                           wsp, ws, (const float *)part, eps, s));
+        } else {
+            NB_OK_OR_DIE(nb_cuda_matmul_dense_ri(tmp, NB_DTYPE_F32, xin, wo[c], NB_DTYPE_F16, NULL, NB_DTYPE_F32, n, H,
+                                                 H, wsp, ws, s));
+            const nb_cuda_cvt cvt = {xq, NB_DTYPE_F16, 0};
+            NB_OK_OR_DIE(nb_cuda_add_rmsnorm((float *)x, (const float *)tmp, nw, NB_DTYPE_F16, n, H, eps, NULL, cvt, s));
+            NB_OK_OR_DIE(nb_cuda_matmul_dense_ri_swiglu(out, NB_DTYPE_F16, 0, xq, wg[c], NB_DTYPE_F16, n, 2 * I, H, wsp,
+                                                        ws, s));
         }
-        printf("| %d | %.2f | %.2f | %.2f |\n", n, t[0], t[1], t[0] - t[1]);
-        fflush(stdout);
-    }
-    printf("\n");
+    });
     for (int c = 0; c < C; c++) {
         CUDA_OK(cudaFree(wo[c]));
         CUDA_OK(cudaFree(wg[c]));
@@ -364,33 +372,21 @@ static void norm_post_bench(cudaStream_t s) {
            "(4-bit, 4096x4096 then 28672x4096 + SwiGLU)\n\n| n | norm launched us | scaled after us | saved us "
            "|\n|---|---|---|---|\n");
     const int ns[] = {1, 2, 4, 8, 16};
-    for (int in = 0; in < 5; in++) {
-        const int n = ns[in];
-        double t[2];
-        for (int post = 0; post < 2; post++) {
-            CUDA_OK(cudaMemset(x, 0, NR * H * 4));
-            auto step = [&](int i) {
-                const int c = i % C;
-                if (post) {
-                    const nb_cuda_wq_res rs = {(float *)x, nw, NB_DTYPE_F16, (uint16_t *)xs, (float *)part};
-                    NB_OK_OR_DIE(nb_cuda_matmul_wq_res(xin, NB_DTYPE_F16, &wo[c], NULL, NB_DTYPE_F32, n, H, H, &rs, s));
-                    NB_OK_OR_DIE(nb_cuda_matmul_wq_swiglu_rs(out, NB_DTYPE_F16, 1, xs, NB_DTYPE_F16, &wg[c], n, 2 * I,
-                                                             H, (const float *)part, eps, s));
-                } else {
-                    NB_OK_OR_DIE(nb_cuda_matmul_wq(tmp, NB_DTYPE_F32, xin, NB_DTYPE_F16, &wo[c], 0, NULL, NB_DTYPE_F32,
-                                                   n, H, H, NULL, 0, s));
-                    const nb_cuda_cvt cvt = {xq, NB_DTYPE_F16, 1};
-                    NB_OK_OR_DIE(nb_cuda_add_rmsnorm((float *)x, (const float *)tmp, nw, NB_DTYPE_F16, n, H, eps, NULL,
-                                                     cvt, s));
-                    NB_OK_OR_DIE(nb_cuda_matmul_wq_swiglu(out, NB_DTYPE_F16, 1, xq, NB_DTYPE_F16, &wg[c], 0, n, 2 * I,
-                                                          H, s));
-                }
-            };
-            t[post] = graph_us(s, steps, reps, step);
+    norm_post_table(s, ns, 5, steps, reps, x, (size_t)NR * H * 4, [&](int n, int post, int i) {
+        const int c = i % C;
+        if (post) {
+            const nb_cuda_wq_res rs = {(float *)x, nw, NB_DTYPE_F16, (uint16_t *)xs, (float *)part};
+            NB_OK_OR_DIE(nb_cuda_matmul_wq_res(xin, NB_DTYPE_F16, &wo[c], NULL, NB_DTYPE_F32, n, H, H, &rs, s));
+            NB_OK_OR_DIE(nb_cuda_matmul_wq_swiglu_rs(out, NB_DTYPE_F16, 1, xs, NB_DTYPE_F16, &wg[c], n, 2 * I, H,
+                                                     (const float *)part, eps, s));
+        } else {
+            NB_OK_OR_DIE(nb_cuda_matmul_wq(tmp, NB_DTYPE_F32, xin, NB_DTYPE_F16, &wo[c], 0, NULL, NB_DTYPE_F32, n, H, H,
+                                           NULL, 0, s));
+            const nb_cuda_cvt cvt = {xq, NB_DTYPE_F16, 1};
+            NB_OK_OR_DIE(nb_cuda_add_rmsnorm((float *)x, (const float *)tmp, nw, NB_DTYPE_F16, n, H, eps, NULL, cvt, s));
+            NB_OK_OR_DIE(nb_cuda_matmul_wq_swiglu(out, NB_DTYPE_F16, 1, xq, NB_DTYPE_F16, &wg[c], 0, n, 2 * I, H, s));
         }
-        printf("| %d | %.2f | %.2f | %.2f |\n", n, t[0], t[1], t[0] - t[1]);
-    }
-    printf("\n");
+    });
     for (int c = 0; c < C; c++) {
         void *f[4] = {(void *)wo[c].upper, (void *)wo[c].sz, (void *)wg[c].upper, (void *)wg[c].sz};
         for (void *d : f) CUDA_OK(cudaFree(d));

@@ -1,11 +1,15 @@
 // linear_test_util.h: what the linear-layer GPU tests (test_linear_cuda,
-// test_dense_ri_cuda) share: a seeded xorshift stream of uniforms and the
-// unit roundoff of an output dtype (their tolerances' u_out).
+// test_dense_ri_cuda) share: a seeded xorshift stream of uniforms, the
+// unit roundoff of an output dtype (their tolerances' u_out), and the
+// fused forms' references and checks (RoPE stores, the norm scale, the
+// residual add).
 #ifndef NB_LINEAR_TEST_UTIL_H
 #define NB_LINEAR_TEST_UTIL_H
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "nb_dtype.h"
 
@@ -49,6 +53,48 @@ static inline cudaError_t lt_rope_compare(const void *d_qa, const void *d_qf, si
     for (size_t i = 0; i < pool_bytes; i++) *diff += ha[i] != hf[i], *written += ha[i] != 0xa5;
     return cudaSuccess;
 }
+
+// The norm-scaled (_rs) forms' reference: rows [0, n) of an f32 [.][w]
+// device array multiplied by r[row] (then + bias[j], bf16, when bias is not
+// NULL) in place, through the host in f32. Returns the first CUDA error.
+static inline cudaError_t lt_scale_rows(float *d, int n, int w, const float *r, const uint16_t *bias) {
+    const size_t b = (size_t)n * w * sizeof(float);
+    float *h = (float *)malloc(b ? b : 1);
+    cudaError_t e = cudaMemcpy(h, d, b, cudaMemcpyDeviceToHost);
+    for (int i = 0; e == cudaSuccess && i < n; i++)
+        for (int j = 0; j < w; j++) {
+            float v = h[(size_t)i * w + j] * r[i];
+            if (bias) v = v + nb_bf16_to_f32(bias[j]);
+            h[(size_t)i * w + j] = v;
+        }
+    if (e == cudaSuccess) e = cudaMemcpy(d, h, b, cudaMemcpyHostToDevice);
+    free(h);
+    return e;
+}
 #endif
+
+// The residual forms' check (nb_cuda_matmul_wq_res, nb_cuda_matmul_dense_ri_res),
+// over nm = rows x m elements of which the first `used` are the launch's
+// rows: the new x (hx) must be x0 + out bit for bit (nb_cuda_add's
+// rounding), xs (hxs) the xs_dt rounding of x * w (wn: bf16 [m]; f16
+// saturating, bf16 to nearest even), and past `used` x and xs untouched
+// (x0, 0xffff). Adds the faults to *bad, *bad_xs, *past and the saturated
+// f16 xs to *sat.
+static inline void lt_res_check(size_t nm, size_t used, int m, const float *x0, const float *out, const float *hx,
+                                const uint16_t *hxs, const uint16_t *wn, nb_dtype xs_dt, long *bad, long *bad_xs,
+                                long *past, long *sat) {
+    for (size_t e = 0; e < nm; e++) {
+        if (e >= used) {
+            *past += memcmp(&hx[e], &x0[e], 4) != 0 || hxs[e] != 0xffff;
+            continue;
+        }
+        const float h = x0[e] + out[e];
+        *bad += memcmp(&hx[e], &h, 4) != 0;
+        const float hw = h * nb_bf16_to_f32(wn[e % m]);
+        const uint16_t want = xs_dt == NB_DTYPE_F16 ? nb_f32_to_f16_sat(hw) : nb_f32_to_bf16(hw);
+        *bad_xs += hxs[e] != want;
+        *sat += xs_dt == NB_DTYPE_F16 && (want & 0x7fff) == 0x7bff;
+    }
+}
 
 #endif // NB_LINEAR_TEST_UTIL_H

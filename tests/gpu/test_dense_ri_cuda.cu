@@ -358,22 +358,6 @@ static float *rs_parts(int nmax, int k, float eps, float *r) {
     free(h);
     return (float *)d;
 }
-// Rows [0, n) of an f32 [.][w] device array multiplied by r[row] (then
-// + bias[j], bf16, when given) in place, through the host: the reference
-// the _rs forms' scaled sums must equal.
-static void scale_rows(float *d, int n, int w, const float *r, const uint16_t *bias) {
-    const size_t b = (size_t)n * w * sizeof(float);
-    float *h = (float *)malloc(b);
-    CUDA_OK(cudaMemcpy(h, d, b, cudaMemcpyDeviceToHost));
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < w; j++) {
-            float v = h[(size_t)i * w + j] * r[i];
-            if (bias) v = v + nb_bf16_to_f32(bias[j]);
-            h[(size_t)i * w + j] = v;
-        }
-    CUDA_OK(cudaMemcpy(d, h, b, cudaMemcpyHostToDevice));
-    free(h);
-}
 static const float kEps = 1e-5f;
 
 // The SwiGLU form (nb_cuda_matmul_dense_ri_swiglu) on gate|up in the
@@ -441,7 +425,7 @@ static void check_swiglu(nb_dtype dt, int I, int k, int split, bool rs = false) 
             CUDA_OK(cudaMemset(d_ref, 0xff, obytes));
             CHECK(nb_cuda_matmul_dense_ri(d_gu, NB_DTYPE_F32, d_x, d_w, dt, NULL, NB_DTYPE_F32, n, m, k, d_ws, ws,
                                           0) == NB_OK);
-            if (rs) scale_rows((float *)d_gu, n, m, rf, NULL);
+            if (rs) CUDA_OK(lt_scale_rows((float *)d_gu, n, m, rf, NULL));
             const nb_cuda_cvt cv = {odt == NB_DTYPE_F32 ? NULL : d_ref, odt, outs[io].sat};
             CHECK(nb_cuda_silu_mul_cvt(odt == NB_DTYPE_F32 ? (float *)d_ref : NULL, cv, (const float *)d_gu,
                                        (const float *)d_gu + I, m, n, I, 0) == NB_OK);
@@ -580,7 +564,7 @@ static void check_rope(nb_dtype dt, int nh, int nkv, int D, int k, nb_dtype cdt,
             CUDA_OK(cudaMemset(d_pf, 0xa5, pool_bytes));
             CHECK(nb_cuda_matmul_dense_ri(d_qkv, NB_DTYPE_F32, d_x, d_w, dt, rs ? NULL : b, NB_DTYPE_BF16, n, m, k, d_ws,
                                           ws, 0) == NB_OK);
-            if (rs) scale_rows((float *)d_qkv, n, m, rf, wb ? bias : NULL);
+            if (rs) CUDA_OK(lt_scale_rows((float *)d_qkv, n, m, rf, wb ? bias : NULL));
             const float *qkv = (const float *)d_qkv;
             CHECK(nb_cuda_rope_write_kv((float *)d_qa, qkv, m, qkv + Hq, qkv + Hq + Hkv, m, d_pos, n, nh,
                                         (const float *)d_inv, &lay, d_pa, layer, d_fb, d_sl, 0) == NB_OK);
@@ -704,18 +688,7 @@ static void check_res(nb_dtype dt, int m, int k, int split) {
             CUDA_OK(cudaMemcpy(hxs, d_xs, nm * es, cudaMemcpyDeviceToHost));
             CUDA_OK(cudaMemcpy(hp, d_p, pn * 4, cudaMemcpyDeviceToHost));
             long bad = 0, bad_xs = 0, past = 0, bad_p = 0;
-            for (size_t e = 0; e < nm; e++) {
-                if (e >= (size_t)n * m) {
-                    past += memcmp(&hx[e], &x0[e], 4) != 0 || hxs[e] != 0xffff;
-                    continue;
-                }
-                const float h = x0[e] + out[e];
-                bad += memcmp(&hx[e], &h, 4) != 0;
-                const float hw = h * nb_bf16_to_f32(wn[e % m]);
-                const uint16_t want = dt == NB_DTYPE_F16 ? nb_f32_to_f16_sat(hw) : nb_f32_to_bf16(hw);
-                bad_xs += hxs[e] != want;
-                sat += dt == NB_DTYPE_F16 && (want & 0x7fff) == 0x7bff;
-            }
+            lt_res_check(nm, (size_t)n * m, m, x0, out, hx, hxs, wn, dt, &bad, &bad_xs, &past, &sat);
             for (size_t e = (size_t)n * np; e < pn; e++) past += nb_f32_bits(hp[e]) != 0xffffffffu;
             for (int i = 0; i < n; i++) {
                 const float *hr = hx + (size_t)i * m;
