@@ -13,7 +13,7 @@
 //     descriptor), 64 x 64 scores or 64 x 128 outputs per instruction; the
 //     registers hold only q (A operand), the scores and the outputs. Per
 //     64-token tile:
-//       scores [64 q x 64 tok] = q [64 x 128] . K^T  (8 k-steps, hi + lo: 16 wgmma m64n64k16)
+//       scores [64 q x 64 tok] = q [64 x 128] . K^T  (8 k-steps: 8 wgmma m64n64k16)
 //       out    [64 q x 128 ch] += P [64 x 64 tok] . V (4 wgmma m64n128k16, V N-major)
 //   - a producer warpgroup only copies (cp.async; bulk copies for quantized
 //     tiles) and stages (quantized tiles dequantized to f16, bf16 -> f16)
@@ -25,6 +25,11 @@
 //     softmax runs under the other's MMAs, and staging under both.
 //   - setmaxnreg moves registers from the producer (ps_preg) to the
 //     consumers (ps_creg).
+// q enters the scores as one f16 (q * scale * log2(e) rounded once, a
+// relative error <= 2^-11 per channel, as FlashAttention rounds q; since
+// session 52): the ~22-bit hi + lo split of the mma.sync kernels cost half
+// again the tensor work of every tile (docs/decisions.md). Builds with
+// -DNB_PA_PF_K2 keep hi + lo, for measurement.
 // The register layouts of wgmma's A fragments and accumulators per warp are
 // mma.m16n8k16's, so the online softmax, the q split (pf_build_a) and the
 // epilogue are pa_prefill_kernel's, with 8 score n-tiles instead of 4.
@@ -496,7 +501,9 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     float mrun[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
-    uint32_t ah[8][4], al[8][4]; // q's A fragments (hi + lo), k-step ks = channels 16ks..16ks+15
+    // q's A fragments, k-step ks = channels 16ks..16ks+15: q rounded to f16
+    // (ah), and the residual (al: NB_PA_PF_K2 builds only).
+    uint32_t ah[8][4], al[8][4];
     {
         float qz[2];
         pf_build_a(qs, qs, wm0, lane, false, ah, al, qz);
@@ -527,7 +534,9 @@ __global__ void __launch_bounds__(PS_NT, 1) pa_prefill_wg_kernel(const pa_kp P) 
         for (int ks = 0; ks < 8; ks++) {
             const uint64_t d = pw_desc(kc_s + (ks >> 2) * 8192 + (ks & 3) * 32, 16, 1024);
             wg_mma_n64(sc, ah[ks], d);
+#ifdef NB_PA_PF_K2
             wg_mma_n64(sc, al[ks], d);
+#endif
         }
         wg_commit();
         wg_wait0();

@@ -646,6 +646,10 @@ static void test_attention(nb_dtype dt, int D, int G, int ratio, nb_pa_mode mode
     const bool pf_wg = pf_path && G % 64 == 0 && !(pf_env && pf_env[0] == '1');
     long max_mv = 0;
     for (int i = 0; i < n; i++) max_mv = cs[i].rows * ratio > max_mv ? cs[i].rows * ratio : max_mv;
+    // The warpgroup kernel rounds q * scale * log2(e) to one f16 (the same
+    // per-channel error class as the draft's q*S above; since session 52,
+    // measured <= 8.8e-4 here on an H100 where V stays within ~5), the
+    // mma.sync kernel splits it into hi + lo: both are held to TC_ATOL.
     if (pf_path && max_mv > 8) g_atol = TC_ATOL;
     nb_status st = run_cuda(&p, layer, mode, cs, n, Hq, q, out, total_rows, max_chunks, scale);
     long bad = st != NB_OK;
