@@ -318,6 +318,36 @@ int32_t nb_bm_fp_blocks_per_seq_max(const nb_bm_params *p) {
     return ceil_div(2 * G + p->max_append, G) + 1;
 }
 
+// Why max_seqs * base + ceil(pass_rows / G) suffices. Every live FP block is
+// on at least one sequence's list (copy-on-write replaces a shared block in
+// the writer's list, the other list keeps it), and an append succeeds when
+// the pool covers what the lists hold after it, so it is enough to bound the
+// sum of list lengths. A list holds ceil(t / G) blocks for the t tokens of
+// the FP region. Outside a pass, t <= 2G - 1 + D (D = max_pending: flushes
+// leave G..2G-1 committed tokens, a deep rollback at most 2G - 1), and
+// ceil((2G - 1 + D) / G) <= ceil((2G + D') / G) = base - 1 with D' =
+// max(D, G). A sequence that appends n tokens in a pass holds at most
+// ceil((2G - 1 + D + n) / G) <= base - 1 + ceil(n / G) <= base + n / G
+// (an adopted prefix leaves t = n, fewer). Summed: max_seqs * base + sum n /
+// G, and sum n <= pass_rows.
+int32_t nb_bm_fp_pool_blocks(const nb_bm_params *p, int32_t max_pending, int32_t pass_rows) {
+    if (!p || p->group_size < 1 || p->max_seqs < 1 || max_pending < 0 || pass_rows < 0)
+        return -1;
+    int64_t per_seq;
+    int64_t extra = 0;
+    if (!p->quantize) {
+        if (p->max_seq_len < 1) return -1;
+        per_seq = nb_bm_fp_blocks_per_seq_max(p);
+    } else {
+        int32_t G = p->group_size;
+        int32_t d = max_pending > G ? max_pending : G;
+        per_seq = ((int64_t)2 * G + d + G - 1) / G + 1;
+        extra = ((int64_t)pass_rows + G - 1) / G;
+    }
+    int64_t n = (int64_t)p->max_seqs * per_seq + extra;
+    return n > INT32_MAX ? -1 : (int32_t)n;
+}
+
 nb_bm_t *nb_bm_new(const nb_bm_params *p, char *err, size_t err_len) {
     if (!p) {
         nb_set_err(err, err_len, "block manager: NULL params");

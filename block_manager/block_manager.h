@@ -65,6 +65,22 @@ nb_bm_params nb_bm_default_params(void);
 // Fewest FP blocks one sequence can hold at once: ceil((2G + max_append)/G) + 1.
 int32_t nb_bm_fp_blocks_per_seq_max(const nb_bm_params *p);
 
+// An FP pool size that cannot run short for a caller that works in passes,
+// as nibbler's engine does: between passes every committed append has been
+// flushed and each sequence holds at most max_pending drafted tokens; one
+// pass appends at most pass_rows tokens over all its sequences (adopted
+// prefix blocks not counted). Every sequence's FP region then holds at most
+// 2G - 1 + max_pending tokens outside a pass, and a sequence appending n in a
+// pass at most n more, so with base = the per-sequence figure for appends of
+// max(max_pending, G) tokens (which leaves each sequence one block spare):
+//   max_seqs * base + ceil(pass_rows / G)
+// (the derivation is in block_manager.c). Quantized mode only; without
+// quantization every token stays in FP blocks and this returns max_seqs *
+// nb_bm_fp_blocks_per_seq_max(p). Uses p's group_size, max_seqs, quantize
+// and max_seq_len; returns -1 for arguments out of range or a result past
+// INT32_MAX.
+int32_t nb_bm_fp_pool_blocks(const nb_bm_params *p, int32_t max_pending, int32_t pass_rows);
+
 // Creates a manager; all records and tables are allocated here, once.
 // Returns NULL on invalid parameters or allocation failure; if err is
 // non-NULL it receives a message. Caller owns the result: nb_bm_destroy().

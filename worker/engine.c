@@ -59,7 +59,7 @@ nb_engine_params nb_engine_default_params(void) {
         .max_seqs = 16,
         .max_seq_len = 0,
         .max_gamma = 8,
-        .prefill_chunk = 256,
+        .prefill_chunk = 1024,
         .max_batch_rows = 1024,
         .target_weights = NB_TARGET_WEIGHTS_MODEL,
         .draft_w4 = true,
@@ -124,6 +124,9 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         return NULL;
     }
     if (p.max_seq_len == 0) p.max_seq_len = mc->max_position_embeddings;
+    // No prompt is longer than the context: a larger chunk (the default
+    // 1,024 on a short-context model) means whole prompts.
+    if (p.max_seq_len >= 2 && p.prefill_chunk > p.max_seq_len) p.prefill_chunk = p.max_seq_len;
     if (p.group_size < 1 || p.max_seqs < 1 || p.max_seq_len < 2 || p.max_gamma < 1 ||
         p.max_gamma > NB_ENGINE_MAX_GAMMA || p.max_gamma >= p.group_size || p.prefill_chunk < 1 ||
         p.max_batch_rows < p.prefill_chunk || p.max_batch_rows < p.max_gamma + 1 ||
@@ -157,8 +160,10 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
     e->mc = mc;
     e->V = mc->vocab_size;
 
-    // Memory plan: FP blocks for every sequence's double buffer + spill (or,
-    // unquantized, everything), the rest of kv_memory for quantized blocks.
+    // Memory plan: FP blocks for every sequence's double buffer and drafts,
+    // plus one pass's worth of prefill chunks shared by all sequences (each
+    // pass is flushed before the next: nb_bm_fp_pool_blocks), or, unquantized,
+    // everything; the rest of kv_memory for quantized blocks.
     nb_bm_params bmp = nb_bm_default_params();
     bmp.group_size = p.group_size;
     bmp.max_seqs = p.max_seqs;
@@ -173,6 +178,14 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
                         .head_dim = mc->head_dim, .group_size = p.group_size, .dtype = kv_dt};
     bmp.qblock_bytes = nb_kv_qblock_bytes(&lay);
     bmp.fpblock_bytes = nb_kv_fpblock_bytes(&lay);
+    // Every pass appends at most max_batch_rows tokens (prefill takes chunks
+    // from that budget), and pending drafts are at most max_gamma + 1.
+    int32_t fp_pool = nb_bm_fp_pool_blocks(&bmp, p.max_gamma + 1, p.max_batch_rows);
+    if (p.quantized_cache && fp_pool < 1) {
+        nb_set_err(err, err_len, "engine: max_seqs %d and max_batch_rows %d are too large to plan",
+                   p.max_seqs, p.max_batch_rows);
+        goto out_free;
+    }
     e->max_logit_rows = p.max_batch_rows < 256 ? p.max_batch_rows : 256;
     if (e->max_logit_rows < p.max_gamma + 1) e->max_logit_rows = p.max_gamma + 1;
     nb_backend_config bc = {
@@ -210,7 +223,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         // the prefix cache) would only cost host memory for their records.
         int64_t groups = p.max_seq_len / p.group_size + 2;
         double cap = p.quantized_cache
-                         ? (double)p.max_seqs * nb_bm_fp_blocks_per_seq_max(&bmp) * bmp.fpblock_bytes +
+                         ? (double)fp_pool * bmp.fpblock_bytes +
                                4.0 * p.max_seqs * groups * bmp.qblock_bytes
                          : 4.0 * p.max_seqs * groups * bmp.fpblock_bytes;
         p.kv_memory = (size_t)(budget < cap ? budget : cap);
@@ -219,7 +232,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
 #endif
     if (p.n_qblocks == 0 && p.n_fpblocks == 0) {
         if (p.quantized_cache) {
-            int64_t fp = (int64_t)p.max_seqs * nb_bm_fp_blocks_per_seq_max(&bmp);
+            int64_t fp = fp_pool;
             int64_t left = (int64_t)p.kv_memory - fp * (int64_t)bmp.fpblock_bytes;
             p.n_fpblocks = (int32_t)fp;
             p.n_qblocks = left > 0 ? (int32_t)(left / (int64_t)bmp.qblock_bytes) : 0;

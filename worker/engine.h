@@ -49,6 +49,7 @@ typedef struct nb_engine_params {
     int32_t max_seq_len;        // tokens per sequence; 0: the model's max_position_embeddings
     int32_t max_gamma;          // most drafts per round, 1..NB_ENGINE_MAX_GAMMA and < G
     int32_t prefill_chunk;      // most prompt tokens one sequence adds per prefill pass
+                                // (clamped to max_seq_len)
     int32_t max_batch_rows;     // most rows in one forward pass
     nb_target_weights target_weights;
     bool draft_w4;              // draft with 4-bit weights (false: the target's; an ablation)
@@ -69,7 +70,7 @@ typedef struct nb_engine_params {
 } nb_engine_params;
 
 // Defaults: cpu, quantized cache, G=128, kv_memory 256 MiB, 16 sequences,
-// model context, max_gamma 8, prefill_chunk 256, max_batch_rows 1024, target
+// model context, max_gamma 8, prefill_chunk 1024, max_batch_rows 1024, target
 // weights from the checkpoint, 4-bit draft weights, INT4 draft KV, prefix
 // cache on, kv_dtype from the model.
 nb_engine_params nb_engine_default_params(void);

@@ -159,7 +159,7 @@ nb_server_params nb_server_default_params(void) {
         .kv_quant = true,
         .kv_dtype = -1,
         .max_gamma = 8,
-        .prefill_chunk = 256,
+        .prefill_chunk = 1024,
         .max_batch_rows = 1024,
         .prefix_cache = true,
         .seed = 0,

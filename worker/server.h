@@ -62,7 +62,7 @@ typedef struct nb_server_params {
 
 // Defaults: backend cpu, G 128, engine-default KV memory, 16 sequences, the
 // model's context, target weights model, quantized cache, model kv dtype,
-// gamma 8, prefill chunk 256, 1024 rows, prefix cache on, seed 0, 64 MiB
+// gamma 8, prefill chunk 1024, 1024 rows, prefix cache on, seed 0, 64 MiB
 // messages, no CURVE.
 nb_server_params nb_server_default_params(void);
 

@@ -40,7 +40,7 @@ static void usage(FILE *f) {
 "  --kv-cache quant|fp16|fp     quant: hierarchical INT8/INT4 cache (default); fp16: an\n"
 "                               unquantized f16 cache; fp: unquantized in the model's dtype\n"
 "  --max-gamma N                most drafts per Draft/Speculate (default 8, < G, <= 16)\n"
-"  --prefill-chunk N            prompt tokens per sequence per forward pass (default 256)\n"
+"  --prefill-chunk N            prompt tokens per sequence per forward pass (default 1024)\n"
 "  --max-batch-rows N           most rows in one forward pass (default 1024)\n"
 "  --no-prefix-cache            do not share equal prompt prefixes between sequences\n"
 "  --batch-invariant-draft      cuda: drafts with the row-invariant attention split too, so\n"

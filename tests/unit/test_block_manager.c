@@ -1273,6 +1273,172 @@ static void test_stats_admit(int32_t G) {
 }
 
 // quantize=false: every token stays in FP blocks; no quantize or dequantize.
+// nb_bm_fp_pool_blocks: an FP pool of that size never runs short for a
+// caller that works as the engine does (each pass's committed appends, at
+// most pass_rows tokens in all, flushed before the next pass; at most
+// max_pending drafted tokens per sequence).
+static void test_fp_pool(int32_t G) {
+    // The worst case: every sequence's FP region at 2G - 1 committed tokens,
+    // one holding the most drafts, two appending a whole chunk in one pass.
+    {
+        nb_bm_params p = small_params(G);
+        p.max_seqs = 3;
+        int32_t D = G / 2 + 1, chunk = 8 * G, R = 16 * G;
+        p.max_append = chunk;
+        int32_t base = (2 * G + G + G - 1) / G + 1;
+        int32_t pool = nb_bm_fp_pool_blocks(&p, D, R);
+        CHECKF(pool == 3 * base + 16, "pool %d", pool);
+        CHECK(nb_bm_fp_pool_blocks(&p, D, 0) == 3 * base);
+        CHECK(nb_bm_fp_pool_blocks(&p, -1, R) == -1 && nb_bm_fp_pool_blocks(&p, D, -1) == -1);
+        p.n_fpblocks = pool;
+        ctx c;
+        ctx_open(&c, &p);
+        int32_t *t[3];
+        int32_t sq[3];
+        for (int32_t i = 0; i < 3; i++) {
+            t[i] = malloc(sizeof(int32_t) * (size_t)p.max_seq_len);
+            fill_tokens(t[i], p.max_seq_len, 1000 * (i + 1));
+            CHECK(nb_bm_seq_add(c.bm, &sq[i]) == NB_OK);
+            CHECK(op_append(&c, sq[i], t[i], 3 * G - 1, NB_BM_COMMITTED, NULL) == NB_OK);
+            CHECK(op_flush(&c, sq[i]) == NB_OK);
+            check_shape(&c, sq[i], 3 * G - 1, 0); // 2G - 1 tokens in FP blocks
+        }
+        CHECK(op_append(&c, sq[2], t[2] + 3 * G - 1, D, NB_BM_DRAFTED, NULL) == NB_OK);
+        for (int32_t i = 0; i < 2; i++)
+            CHECK(op_append(&c, sq[i], t[i] + 3 * G - 1, chunk, NB_BM_COMMITTED, NULL) == NB_OK);
+        nb_bm_stats s;
+        nb_bm_stats_get(c.bm, &s);
+        int32_t used = s.n_fpblocks_total - s.n_fpblocks_free;
+        // 2 x ceil((2G - 1 + 8G) / G) + ceil((2G - 1 + D) / G): more than the
+        // sequences' own share, so the pass term is what makes it fit.
+        CHECKF(used == 2 * 10 + 3 && used > 3 * base && used <= pool, "used %d of %d", used, pool);
+        for (int32_t i = 0; i < 2; i++) {
+            CHECK(op_flush(&c, sq[i]) == NB_OK);
+            check_shape(&c, sq[i], 3 * G - 1 + chunk, 0);
+        }
+        for (int32_t i = 0; i < 3; i++) {
+            check_data(&c, sq[i], t[i]);
+            CHECK(nb_bm_seq_free(c.bm, sq[i]) == NB_OK);
+            free(t[i]);
+        }
+        check_all_free(&c);
+        ctx_close(&c);
+    }
+    // Random engine-like workloads at exactly the planned pool: passes of
+    // prefill chunks, draft rounds and their verdicts, decode steps,
+    // rollbacks, forks and frees. The quantized pool is ample, so any
+    // NB_ERR_NO_FREE_BLOCKS would be the FP pool's.
+    bm_rng g = {0x5eed0000u + (uint64_t)G};
+    for (int32_t run = 0; run < 12; run++) {
+        nb_bm_params p = small_params(G);
+        p.max_seqs = bm_rng_range(&g, 1, 6);
+        int32_t gamma = bm_rng_range(&g, 1, G - 1);
+        int32_t chunk = bm_rng_range(&g, 1, 4 * G);
+        int32_t R = bm_rng_range(&g, chunk > G ? chunk : G, p.max_seqs * chunk + G);
+        p.max_append = chunk > gamma + 1 ? chunk : gamma + 1;
+        if (p.max_append < G) p.max_append = G;
+        p.max_seq_len = 24 * G;
+        p.n_qblocks = p.max_seqs * (p.max_seq_len / G + 4);
+        p.prefix_cache = bm_rng_pct(&g, 50);
+        int32_t pool = nb_bm_fp_pool_blocks(&p, gamma + 1, R);
+        CHECK(pool >= p.max_seqs);
+        p.n_fpblocks = pool; // (without its pass term, runs here fail)
+        ctx c;
+        ctx_open(&c, &p);
+        int32_t S = p.max_seqs, L = p.max_seq_len;
+        int32_t *exp = malloc(sizeof(int32_t) * (size_t)S * (size_t)L);
+        bool *live = calloc((size_t)S, sizeof(bool));
+        int32_t peak = 0, fails = 0, stream = 1;
+        for (int32_t step = 0; step < 400 && !fails; step++) {
+            int32_t op = bm_rng_range(&g, 0, 9);
+            int32_t sq = bm_rng_range(&g, 0, S - 1);
+            nb_status st = NB_OK;
+            if (op == 0 && !live[sq]) { // add
+                int32_t got = -1;
+                st = nb_bm_seq_add(c.bm, &got);
+                if (st == NB_OK) live[got] = true;
+            } else if (op <= 3) { // a prefill pass over random sequences
+                int32_t budget = R, appended[16], na = 0;
+                for (int32_t q = 0; q < S && budget > 0; q++) {
+                    if (!live[q] || !bm_rng_pct(&g, 60)) continue;
+                    nb_bm_seq_view v = view(&c, q);
+                    if (v.n_drafted > 0) continue;
+                    int32_t room = L - v.n_committed - gamma - 2;
+                    int32_t n = bm_rng_range(&g, 1, chunk < budget ? chunk : budget);
+                    if (n > room) n = room;
+                    if (n < 1) continue;
+                    // With the prefix cache on, a fresh sequence may start
+                    // with another's prompt (adoption), as a shared system
+                    // prompt would.
+                    int32_t *dst = exp + (size_t)q * L + v.n_committed;
+                    for (int32_t i = 0; i < n; i++) dst[i] = 1 + (stream + i) % 97;
+                    stream += v.n_committed == 0 && bm_rng_pct(&g, 50) ? 0 : n;
+                    st = op_append(&c, q, dst, n, NB_BM_COMMITTED, NULL);
+                    if (st != NB_OK) break;
+                    appended[na++] = q;
+                    budget -= n;
+                }
+                for (int32_t i = 0; i < na && st == NB_OK; i++) st = op_flush(&c, appended[i]);
+            } else if (op <= 5 && live[sq]) { // draft gamma (+1 at verify), then the verdict
+                nb_bm_seq_view v = view(&c, sq);
+                int32_t k = bm_rng_range(&g, 1, gamma + 1);
+                if (v.n_drafted == 0 && v.n_committed >= 1 && v.n_committed + k + 1 < L) {
+                    for (int32_t i = 0; i < k && st == NB_OK; i++) {
+                        int32_t *dst = exp + (size_t)sq * L + v.n_committed + i;
+                        *dst = 1 + (stream++) % 97;
+                        st = op_append(&c, sq, dst, 1, NB_BM_DRAFTED, NULL);
+                    }
+                    if (st == NB_OK && bm_rng_pct(&g, 70)) {
+                        int32_t acc = bm_rng_range(&g, 0, k);
+                        st = op_accept(&c, sq, acc);
+                    }
+                }
+            } else if (op == 6 && live[sq]) { // decode step
+                nb_bm_seq_view v = view(&c, sq);
+                if (v.n_drafted == 0 && v.n_committed + gamma + 3 < L) {
+                    int32_t *dst = exp + (size_t)sq * L + v.n_committed;
+                    *dst = 1 + (stream++) % 97;
+                    st = op_append(&c, sq, dst, 1, NB_BM_COMMITTED, NULL);
+                    if (st == NB_OK) st = op_flush(&c, sq);
+                }
+            } else if (op == 7 && live[sq]) { // rollback (drops drafts too)
+                nb_bm_seq_view v = view(&c, sq);
+                st = op_rollback(&c, sq, bm_rng_range(&g, 0, v.n_committed));
+            } else if (op == 8 && live[sq]) { // fork
+                int32_t ch = -1;
+                st = nb_bm_seq_fork(c.bm, sq, &ch);
+                if (st == NB_ERR_TOO_MANY_SEQS) st = NB_OK;
+                else if (st == NB_OK) {
+                    live[ch] = true;
+                    memcpy(exp + (size_t)ch * L, exp + (size_t)sq * L, sizeof(int32_t) * (size_t)L);
+                }
+            } else if (op == 9 && live[sq]) {
+                st = nb_bm_seq_free(c.bm, sq);
+                live[sq] = false;
+            }
+            if (st != NB_OK) {
+                fails++;
+                CHECKF(false, "G %d run %d step %d op %d: %s (pool %d, seqs %d, gamma %d, chunk %d, rows %d)",
+                       G, run, step, op, nb_status_str(st), pool, S, gamma, chunk, R);
+            }
+            nb_bm_stats s;
+            nb_bm_stats_get(c.bm, &s);
+            int32_t used = s.n_fpblocks_total - s.n_fpblocks_free;
+            if (used > peak) peak = used;
+        }
+        for (int32_t q = 0; q < S; q++)
+            if (live[q]) {
+                check_data(&c, q, exp + (size_t)q * L);
+                CHECK(nb_bm_seq_free(c.bm, q) == NB_OK);
+            }
+        check_consistent(&c);
+        CHECK(peak > 0);
+        free(exp);
+        free(live);
+        ctx_close(&c);
+    }
+}
+
 static void test_unquantized(int32_t G) {
     nb_bm_params p = small_params(G);
     p.quantize = false;
@@ -1356,6 +1522,7 @@ int main(int argc, char **argv) {
             RUN("no_free_blocks", test_no_free_blocks(G));
         }
         RUN("stats_admit", test_stats_admit(G));
+        if (G >= 4) RUN("fp_pool", test_fp_pool(G));
         RUN("unquantized", test_unquantized(G));
     }
     return nb_test_finish("test_block_manager");

@@ -300,6 +300,59 @@ static void test_distribution(const nb_model *m) {
     nb_engine_destroy(&e);
 }
 
+// The FP pool is planned per pass (nb_bm_fp_pool_blocks): every sequence
+// at once prefilling prompts of several chunks, then a gamma-8 round each,
+// then more prompt: no command runs short of FP blocks, where the pool is
+// well under the old per-sequence plan (room for a whole chunk in each).
+static void test_fp_pool_full_batch(const nb_model *m) {
+    const int G = 16, S = 8;
+    nb_engine_params p = nb_engine_default_params();
+    p.group_size = G;
+    p.max_seqs = S;
+    p.max_gamma = 8;
+    p.prefill_chunk = 128;
+    p.max_batch_rows = 256;
+    p.kv_memory = (size_t)64 << 20;
+    char err[256];
+    nb_engine *e = nb_engine_new(m, &p, err, sizeof(err));
+    CHECKF(e, "%s", err);
+    if (!e) return;
+    int32_t pool = nb_engine_params_get(e)->n_fpblocks;
+    // 8 x (ceil((2G + G) / G) + 1) + 256 / G; the old plan, 8 x (ceil((2G + 128) / G) + 1) = 88.
+    CHECKF(pool == S * 4 + 16, "FP pool %d blocks", pool);
+    nb_sampling_params sp = {0};
+    int32_t seqs[S], next[S], lens[S], prompts[S][450];
+    const int32_t *pp[S];
+    nb_status st[S];
+    for (int k = 0; k < S; k++) {
+        CHECK(nb_engine_seq_add(e, &sp, &seqs[k]) == NB_OK);
+        lens[k] = 300 + 7 * k;
+        for (int i = 0; i < 450; i++) prompts[k][i] = i ? 3 + (int)(rnd() % 509) : 1;
+        pp[k] = prompts[k];
+    }
+    nb_bm_stats bs;
+    CHECK(nb_engine_prefill(e, S, seqs, pp, lens, next, NULL, NULL, st) == NB_OK);
+    for (int k = 0; k < S; k++) CHECKF(st[k] == NB_OK, "prefill seq %d: %s", k, nb_status_str(st[k]));
+    int32_t d[S * 8], out[S * 9], n_out[S], n_acc[S];
+    CHECK(nb_engine_draft(e, S, seqs, 8, d, st) == NB_OK);
+    for (int k = 0; k < S; k++) CHECKF(st[k] == NB_OK, "draft seq %d: %s", k, nb_status_str(st[k]));
+    CHECK(nb_engine_verify(e, S, seqs, out, NULL, n_out, n_acc, st) == NB_OK);
+    for (int k = 0; k < S; k++) CHECKF(st[k] == NB_OK, "verify seq %d: %s", k, nb_status_str(st[k]));
+    for (int k = 0; k < S; k++) {
+        lens[k] = 130;
+        pp[k] = prompts[k] + 300;
+    }
+    CHECK(nb_engine_prefill(e, S, seqs, pp, lens, next, NULL, NULL, st) == NB_OK);
+    for (int k = 0; k < S; k++) CHECKF(st[k] == NB_OK, "second prefill seq %d: %s", k, nb_status_str(st[k]));
+    nb_bm_stats_get(nb_engine_block_manager(e), &bs);
+    CHECK(bs.n_fpblocks_total == pool && bs.n_fpblocks_free >= 0);
+    for (int k = 0; k < S; k++) CHECK(nb_engine_seq_free(e, seqs[k]) == NB_OK);
+    nb_bm_stats_get(nb_engine_block_manager(e), &bs);
+    CHECK(bs.n_fpblocks_free == pool);
+    printf("fp pool: %d sequences prefilled in chunks, drafted and verified in %d FP blocks\n", S, pool);
+    nb_engine_destroy(&e);
+}
+
 int main(void) {
     nb_model *m = etu_load_model("stories260k");
     test_rollbacks(m, NB_TARGET_WEIGHTS_MODEL, NB_TEST_SCALE(4, 1));
@@ -307,6 +360,7 @@ int main(void) {
     test_batch_independence(m);
     test_fork_and_prefix(m);
     test_prefix_small_chunks(m);
+    test_fp_pool_full_batch(m);
     test_distribution(m);
     nb_model_free(&m);
     return nb_test_finish("test_engine_semantics");
