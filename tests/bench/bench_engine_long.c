@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "block_manager.h"
 #include "engine.h"
 #include "model_loader.h"
 #include "nb_test.h"
@@ -213,6 +214,18 @@ int main(int argc, char **argv) {
                mc->n_layers, nb_backend_cuda_rope_layers(nb_engine_backend(e)),
                nb_backend_cuda_dense_swiglu_layers(nb_engine_backend(e)),
                nb_backend_cuda_dense_rope_layers(nb_engine_backend(e)));
+        {
+            // The memory plan (--util of the device): the FP pool holds
+            // every sequence's double buffer and drafts plus one pass of
+            // prefill chunks (nb_bm_fp_pool_blocks), the quantized pool the rest.
+            nb_bm_stats bs;
+            nb_bm_stats_get(nb_engine_block_manager(e), &bs);
+            const double G = 128.0;
+            printf("# KV pools for %d sequences: FP %d blocks (%.2f GB), quantized %d blocks (%.2f GB, %.0f tokens)\n",
+                   max_b, bs.n_fpblocks_total, bs.n_fpblocks_total * bs.fpbytes_per_token * G / 1e9,
+                   bs.n_qblocks_total, bs.n_qblocks_total * bs.qbytes_per_token * G / 1e9,
+                   bs.n_qblocks_total * G);
+        }
         fflush(stdout);
         {
             // Warm-up: a prefill and two decode steps of a throwaway
