@@ -124,9 +124,11 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         return NULL;
     }
     if (p.max_seq_len == 0) p.max_seq_len = mc->max_position_embeddings;
-    // No prompt is longer than the context: a larger chunk (the default
-    // 1,024 on a short-context model) means whole prompts.
+    // No prompt is longer than the context and no pass longer than
+    // max_batch_rows: a larger chunk (the default 1,024 on a short-context
+    // model, or beside a smaller --max-batch-rows) means as much as fits.
     if (p.max_seq_len >= 2 && p.prefill_chunk > p.max_seq_len) p.prefill_chunk = p.max_seq_len;
+    if (p.max_batch_rows >= 1 && p.prefill_chunk > p.max_batch_rows) p.prefill_chunk = p.max_batch_rows;
     if (p.group_size < 1 || p.max_seqs < 1 || p.max_seq_len < 2 || p.max_gamma < 1 ||
         p.max_gamma > NB_ENGINE_MAX_GAMMA || p.max_gamma >= p.group_size || p.prefill_chunk < 1 ||
         p.max_batch_rows < p.prefill_chunk || p.max_batch_rows < p.max_gamma + 1 ||
@@ -134,8 +136,7 @@ nb_engine *nb_engine_new(const nb_model *model, const nb_engine_params *pin, cha
         p.n_qblocks < 0 || p.n_fpblocks < 0) {
         nb_set_err(err, err_len,
                 "engine: invalid parameters (G %d, max_seqs %d, max_seq_len %d, max_gamma %d "
-                "(1..%d and < G), prefill_chunk %d, max_batch_rows %d (>= prefill_chunk, >= G "
-                "and > max_gamma))",
+                "(1..%d and < G), prefill_chunk %d, max_batch_rows %d (>= G and > max_gamma))",
                 p.group_size, p.max_seqs, p.max_seq_len, p.max_gamma, NB_ENGINE_MAX_GAMMA,
                 p.prefill_chunk, p.max_batch_rows);
         return NULL;

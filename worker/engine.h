@@ -49,7 +49,7 @@ typedef struct nb_engine_params {
     int32_t max_seq_len;        // tokens per sequence; 0: the model's max_position_embeddings
     int32_t max_gamma;          // most drafts per round, 1..NB_ENGINE_MAX_GAMMA and < G
     int32_t prefill_chunk;      // most prompt tokens one sequence adds per prefill pass
-                                // (clamped to max_seq_len)
+                                // (clamped to max_seq_len and max_batch_rows)
     int32_t max_batch_rows;     // most rows in one forward pass
     nb_target_weights target_weights;
     bool draft_w4;              // draft with 4-bit weights (false: the target's; an ablation)

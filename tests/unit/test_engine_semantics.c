@@ -353,6 +353,30 @@ static void test_fp_pool_full_batch(const nb_model *m) {
     nb_engine_destroy(&e);
 }
 
+// The default chunk (1,024) shrinks to what a pass and the context hold,
+// rather than making the engine refuse a smaller --max-batch-rows.
+static void test_chunk_clamps(const nb_model *m) {
+    char err[256];
+    nb_engine_params p = nb_engine_default_params();
+    p.group_size = 16;
+    p.kv_memory = (size_t)16 << 20;
+    p.max_batch_rows = 200;
+    nb_engine *e = nb_engine_new(m, &p, err, sizeof(err));
+    CHECKF(e, "%s", err);
+    if (e) CHECKF(nb_engine_params_get(e)->prefill_chunk == 200, "chunk %d", nb_engine_params_get(e)->prefill_chunk);
+    nb_engine_destroy(&e);
+    p = nb_engine_default_params();
+    p.group_size = 16;
+    p.kv_memory = (size_t)16 << 20;
+    p.max_seq_len = 300;
+    e = nb_engine_new(m, &p, err, sizeof(err));
+    CHECKF(e, "%s", err);
+    if (e) CHECKF(nb_engine_params_get(e)->prefill_chunk == 300, "chunk %d", nb_engine_params_get(e)->prefill_chunk);
+    nb_engine_destroy(&e);
+    p.max_batch_rows = 8; // still refused: fewer rows than G
+    CHECK(nb_engine_new(m, &p, err, sizeof(err)) == NULL && err[0] != 0);
+}
+
 int main(void) {
     nb_model *m = etu_load_model("stories260k");
     test_rollbacks(m, NB_TARGET_WEIGHTS_MODEL, NB_TEST_SCALE(4, 1));
@@ -361,6 +385,7 @@ int main(void) {
     test_fork_and_prefix(m);
     test_prefix_small_chunks(m);
     test_fp_pool_full_batch(m);
+    test_chunk_clamps(m);
     test_distribution(m);
     nb_model_free(&m);
     return nb_test_finish("test_engine_semantics");
