@@ -339,9 +339,10 @@ int32_t nb_bm_fp_pool_blocks(const nb_bm_params *p, int32_t max_pending, int32_t
         if (p->max_seq_len < 1) return -1;
         per_seq = nb_bm_fp_blocks_per_seq_max(p);
     } else {
-        int32_t G = p->group_size;
-        int32_t d = max_pending > G ? max_pending : G;
-        per_seq = ((int64_t)2 * G + d + G - 1) / G + 1;
+        const int32_t G = p->group_size;
+        nb_bm_params small = *p; // base: the per-sequence figure for appends of max(D, G)
+        small.max_append = max_pending > G ? max_pending : G;
+        per_seq = nb_bm_fp_blocks_per_seq_max(&small);
         extra = ((int64_t)pass_rows + G - 1) / G;
     }
     int64_t n = (int64_t)p->max_seqs * per_seq + extra;

@@ -57,7 +57,8 @@ endif()
 # Bad command-line values: refused at start-up (exit 2) with a message that
 # names the flag. The regex is what passes the test.
 foreach(bad "group-size;0" "kv-memory;abc" "max-gamma;99" "target-weights;fp8" "kv-cache;int3"
-            "max-seqs;-4" "seed;x1" "device;-1" "gpu-memory-utilization;1.5")
+            "max-seqs;-4" "seed;x1" "device;-1" "gpu-memory-utilization;1.5"
+            "prefill-chunk;0" "max-batch-rows;-8")
   list(GET bad 0 flag)
   list(GET bad 1 value)
   add_test(NAME worker_bad_flag_${flag}

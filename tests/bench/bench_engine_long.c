@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
             // prefill chunks (nb_bm_fp_pool_blocks), the quantized pool the rest.
             nb_bm_stats bs;
             nb_bm_stats_get(nb_engine_block_manager(e), &bs);
-            const double G = 128.0;
+            const double G = nb_engine_params_get(e)->group_size;
             printf("# KV pools for %d sequences: FP %d blocks (%.2f GB), quantized %d blocks (%.2f GB, %.0f tokens)\n",
                    max_b, bs.n_fpblocks_total, bs.n_fpblocks_total * bs.fpbytes_per_token * G / 1e9,
                    bs.n_qblocks_total, bs.n_qblocks_total * bs.qbytes_per_token * G / 1e9,
